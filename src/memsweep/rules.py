@@ -1,0 +1,98 @@
+"""The combinations that cannot run, one row each, checked before any work is done.
+
+A refused job is a result (`status: unsupported` with the row's reason), not a crash, and the sweep
+goes on. `python -m memsweep.rules` prints the table.
+"""
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import Unsupported
+from .schema import Config, HardwareConf
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    refuses: Callable[[Config, HardwareConf], bool]
+    reason: str
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _ds_op_prebuilt(op: str) -> bool:
+    """A DeepSpeed op built at install (DS_BUILD_*=1), so it does not compile for minutes at run time."""
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None:
+        return False
+    from pathlib import Path
+
+    root = Path(spec.submodule_search_locations[0]) / "ops"
+    return any(root.rglob(f"{op}*.so"))
+
+
+def _optim(cfg: Config) -> str:
+    return cfg.optim.hf_name.value
+
+
+def _precision(cfg: Config) -> str:
+    return cfg.precision.name.value
+
+
+RULES: list[Rule] = [
+    Rule("no-gpu", lambda c, hw: hw.device == "cuda" and not _cuda(),
+         "this hardware profile is a CUDA GPU and none is visible here; predict it without a GPU with "
+         "mode=estimate, or run hardware=cpu"),
+    Rule("bf16-unsupported", lambda c, hw: _precision(c) in ("bf16", "bf16_true") and not hw.bf16,
+         "bf16 needs an Ampere-or-newer GPU (or a CPU); this profile has none — use precision=fp16"),
+    Rule("tf32-unsupported", lambda c, hw: _precision(c) == "tf32" and not hw.tf32,
+         "TF32 is a tensor-core mode of Ampere-or-newer GPUs; this device has no TF32 matmuls"),
+    Rule("batch-not-divisible",
+         lambda c, hw: c.batch_size % (c.accumulation.steps * c.distributed.nproc) != 0,
+         "batch_size must be divisible by accumulation steps x processes (micro-batch = batch_size / both)"),
+    Rule("flash-attention", lambda c, hw: c.attention.implementation.value == "flash_attention_2"
+         and (hw.device != "cuda" or not _installed("flash_attn")),
+         "flash_attention_2 needs a CUDA GPU and the flash-attn package; use attention=sdpa"),
+    Rule("bitsandbytes-missing", lambda c, hw: (c.lora.quantize.value != "none" or "bnb" in _optim(c)
+                                                or "8bit" in _optim(c)) and not _installed("bitsandbytes"),
+         "8-bit/4-bit weights and optimizers need the bitsandbytes package"),
+    Rule("quantized-with-deepspeed", lambda c, hw: c.lora.quantize.value != "none" and c.deepspeed.stage is not None,
+         "DeepSpeed partitions and casts the weights itself; bitsandbytes-quantized base weights "
+         "cannot be handed to it — use lora=r8 with DeepSpeed, or deepspeed=none with qlora/int8"),
+    Rule("8bit-optim-with-zero", lambda c, hw: ("8bit" in _optim(c)) and (c.deepspeed.stage or 0) >= 1,
+         "ZeRO partitions the optimizer state itself; bitsandbytes' 8-bit state cannot be partitioned"),
+    Rule("offload-needs-adam", lambda c, hw: (c.deepspeed.offload_optimizer or c.deepspeed.offload_param)
+         and _optim(c) not in ("adamw_torch", "adamw_torch_fused"),
+         "ZeRO offload steps the optimizer on the CPU with DeepSpeed's CPUAdam: use optim=adamw"),
+    Rule("offload-needs-cpu-adam-op", lambda c, hw: c.deepspeed.offload_optimizer and not _ds_op_prebuilt("cpu_adam"),
+         "ZeRO offload needs DeepSpeed's cpu_adam op, which is not built; reinstall with make install "
+         "(it prebuilds the op)"),
+    Rule("deepspeed-cpu-fp16", lambda c, hw: c.deepspeed.stage is not None and hw.device == "cpu"
+         and _precision(c) == "fp16",
+         "on the CPU memsweep does fp16 with autocast + GradScaler, which cannot drive DeepSpeed's "
+         "engine (it does its own loss scaling); use precision=bf16 or fp32 with DeepSpeed here"),
+    Rule("deepspeed-bf16-true", lambda c, hw: c.deepspeed.stage is not None and _precision(c) == "bf16_true",
+         "DeepSpeed keeps its own fp32 master weights; use precision=bf16 (mixed) with DeepSpeed"),
+    Rule("deepspeed-with-fsdp", lambda c, hw: c.deepspeed.stage is not None and c.fsdp.strategy is not None,
+         "DeepSpeed and FSDP both shard the model: choose one"),
+]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check(cfg: Config, hw: HardwareConf) -> None:
+    """Raise Unsupported with the first matching rule's reason."""
+    for rule in RULES:
+        if rule.refuses(cfg, hw):
+            raise Unsupported(f"{rule.name}: {rule.reason}")
+
+
+if __name__ == "__main__":
+    for rule in RULES:
+        print(f"{rule.name:28s} {rule.reason}")

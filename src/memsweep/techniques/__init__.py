@@ -1,0 +1,28 @@
+"""One module per config group. Each exposes `apply(section, plan, job)`, reading only its own section.
+
+`APPLY_ORDER` is the order the groups write into the plan (and so the order of model transforms):
+the model is loaded (precision, attention, init, lora quantization), then frozen, then wrapped by
+LoRA, then checkpointed.
+"""
+from . import (accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, init, lora,
+               offload, optim, precision)
+
+APPLY_ORDER = [
+    ("precision", precision),
+    ("attention", attention),
+    ("init", init),
+    ("optim", optim),
+    ("accumulation", accumulation),
+    ("freezing", freezing),
+    ("lora", lora),
+    ("checkpointing", checkpointing),
+    ("offload", offload),
+    ("compile", compile),
+    ("deepspeed", deepspeed),
+    ("dataloader", dataloader),
+]
+
+
+def apply_all(cfg, plan, job) -> None:
+    for group, module in APPLY_ORDER:
+        module.apply(getattr(cfg, group), plan, job)

@@ -1,0 +1,5 @@
+"""attention: sdpa | eager | flash_attention_2 (the model's attention kernel)."""
+
+
+def apply(cfg, plan, job) -> None:
+    plan.load_kwargs["attn_implementation"] = cfg.implementation.value

@@ -1,0 +1,29 @@
+"""deepspeed: none | zero0..zero3 | zero2_offload | zero3_offload.
+
+The DeepSpeed JSON is generated from the composed config, with "auto" wherever Trainer fills the value
+in from its own arguments, so batch size, accumulation, precision and clipping never disagree.
+"""
+
+
+def ds_config(cfg) -> dict:
+    zero: dict = {"stage": cfg.stage}
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if cfg.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def apply(cfg, plan, job) -> None:
+    if cfg.stage is not None:
+        plan.args["deepspeed"] = ds_config(cfg)

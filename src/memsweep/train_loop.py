@@ -1,0 +1,123 @@
+"""Build the job from its plan, train it with Trainer, evaluate it, and fill in the results."""
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.metrics import accuracy_score, f1_score
+from transformers import DataCollatorWithPadding, TrainingArguments
+from transformers.utils import logging as hf_logging
+
+from . import data as data_mod
+from . import model as model_mod
+from .errors import Diverged
+from .measure import LedgerCallback, effective, param_bytes
+from .plan import Plan
+from .schema import Config, HardwareConf
+from .techniques import apply_all
+from .trainer import DivergenceCallback, MemsweepTrainer
+from .wandb_log import WandbLogCallback
+
+
+def build_plan(job: Config, profile: HardwareConf) -> Plan:
+    plan = Plan(device=profile.device)
+    apply_all(job, plan, job)
+    return plan
+
+
+def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, nproc: int, epochs: float,
+                    max_steps: int) -> int:
+    """Optimizer steps Trainer will take (its own arithmetic: a last partial accumulation counts)."""
+    if max_steps > 0:
+        return max_steps
+    batches = math.ceil(n_train / (micro_batch * nproc))
+    per_epoch = max(1, math.ceil(batches / accumulation))
+    return max(1, math.ceil(per_epoch * epochs))
+
+
+def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(out_dir),
+        report_to="none",  # memsweep logs to W&B itself, one run per job
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="steps",
+        logging_steps=10,
+        logging_nan_inf_filter=False,  # a NaN loss must show, so the job is stopped as diverged
+        num_train_epochs=job.epochs,
+        max_steps=job.max_steps,
+        per_device_eval_batch_size=job.eval_batch_size,
+        seed=job.seed,
+        data_seed=job.seed,
+        use_cpu=plan.device == "cpu",
+        include_num_input_tokens_seen="non_padding",
+        **plan.args,
+    )
+
+
+def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: dict[str, Any], run) -> None:
+    hf_logging.set_verbosity_error()
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    torch.manual_seed(job.seed)
+    plan = build_plan(job, profile)
+
+    tokenizer = model_mod.load_tokenizer(job.model)
+    data = data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len)
+    res["data"] = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
+    model = plan.transform(model_mod.load_model(job.model, len(data.label_names), plan.load_kwargs))
+
+    steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
+                            job.distributed.nproc, job.epochs, job.max_steps)
+    ledger_step = min(job.measure.warmup_steps + 1, steps)
+    ledger_cb = LedgerCallback(step=ledger_step, seq_len=job.max_seq_len, enabled=job.measure.ledger)
+    divergence = DivergenceCallback()
+    trainer = MemsweepTrainer(
+        model=model,
+        args=training_arguments(job, plan, job_dir / "trainer"),
+        train_dataset=data.train,
+        processing_class=tokenizer,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        callbacks=[ledger_cb, divergence, WandbLogCallback(run)],
+        plan=plan,
+        pad_to=job.max_seq_len,
+        pad_measured_step=ledger_step if job.measure.ledger else -1,
+    )
+
+    out = trainer.train()
+    if divergence.diverged_at is not None:
+        raise Diverged(f"loss became NaN/inf by optimizer step {divergence.diverged_at}")
+    train_s = out.metrics["train_runtime"]
+    tokens = trainer.state.num_input_tokens_seen
+
+    started = time.perf_counter()
+    prediction = trainer.predict(data.eval)
+    predicted = np.argmax(prediction.predictions, axis=-1)
+    labels = prediction.label_ids
+    res["metrics"].update(
+        f1=float(f1_score(labels, predicted, average="macro")),
+        accuracy=float(accuracy_score(labels, predicted)),
+        train_loss=float(out.training_loss),
+        eval_loss=float(prediction.metrics.get("test_loss", float("nan"))),
+    )
+    res["time"].update(train_s=round(train_s, 3), eval_s=round(time.perf_counter() - started, 3),
+                       samples_per_s=out.metrics["train_samples_per_second"],
+                       tokens_per_s=round(tokens / train_s, 1) if train_s else None,
+                       optimizer_steps=trainer.state.global_step)
+
+    ledger = ledger_cb.ledger if ledger_cb.ledger and ledger_cb.ledger.peak_bytes else None
+    mem = res["memory"]
+    mem["device"] = profile.device
+    if ledger is not None:
+        b = ledger.breakdown
+        mem.update(peak_bytes=ledger.peak_bytes, params_bytes=b.get("params", 0), grads_bytes=b.get("grads", 0),
+                   optimizer_bytes=ledger.optimizer_bytes, activations_bytes=ledger.activations_bytes,
+                   buffers_bytes=b.get("buffers", 0), temp_bytes=b.get("temp", 0), other_bytes=b.get("other", 0),
+                   peak_breakdown=b, ledger_step=ledger.step, ledger_seq_len=ledger.seq_len)
+    else:
+        mem["params_bytes"] = param_bytes(model)
+    res["effective"] = effective(model, trainer, ledger)
+    if run is not None:
+        run.log({"eval/f1": res["metrics"]["f1"], "eval/accuracy": res["metrics"]["accuracy"]})

@@ -1,0 +1,127 @@
+"""transformers' Trainer with the plan applied, and the engine's known traps caught.
+
+- Gradient accumulation: the BERT classifier accepts **kwargs, so stock Trainer assumes it scales
+  its loss by `num_items_in_batch` and never divides by the accumulation steps (gradients N x too
+  large, transformers#47688). Here the loss is a plain mean per micro-batch, so it is divided.
+- fp16 on the CPU: Accelerate silently trains fp32. The plan's autocast dtype and GradScaler are
+  applied here instead.
+- Batches of similar length (shuffled buckets) cut padding; the ledger step's batches are padded to
+  `max_seq_len` so its memory figure does not depend on which examples it drew.
+"""
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Sampler
+from transformers import Trainer, TrainerCallback
+
+from .plan import Plan
+
+
+class LengthBucketSampler(Sampler):
+    """Shuffle, cut into chunks of `bucket` batches, sort each chunk by length, shuffle the batches.
+
+    Every example is seen once per epoch; a batch holds examples of similar length.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, bucket: int = 50):
+        self.lengths, self.batch_size, self.seed, self.bucket = lengths, batch_size, seed, bucket
+        self.epoch = 0
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=g).tolist()
+        chunk = self.batch_size * self.bucket
+        batches = []
+        for start in range(0, len(order), chunk):
+            part = sorted(order[start:start + chunk], key=lambda i: self.lengths[i], reverse=True)
+            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+        for b in torch.randperm(len(batches), generator=g).tolist():
+            yield from batches[b]
+
+
+def pad_batch(batch: dict, length: int, pad_token_id: int) -> dict:
+    """Right-pad every sequence tensor of a collated batch to `length` (masked, so outputs are unchanged)."""
+    out = dict(batch)
+    for key, value in batch.items():
+        if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] < length:
+            fill = pad_token_id if key == "input_ids" else 0
+            out[key] = F.pad(value, (0, length - value.shape[1]), value=fill)
+    return out
+
+
+class MemsweepTrainer(Trainer):
+    # The model's loss is a mean over its micro-batch: Trainer must divide it by the accumulation steps.
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, *args, plan: Plan, pad_to: int, pad_measured_step, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.plan = plan
+        self.pad_to = pad_to
+        self.pad_measured_step = pad_measured_step  # global step (1-based) whose batches are padded
+        self.model_accepts_loss_kwargs = False  # do not pass num_items_in_batch to the model
+        if plan.grad_scaler:
+            # Read by Accelerate: backward scales the loss, the wrapped optimizer steps through it.
+            self.accelerator.scaler = torch.amp.GradScaler(plan.device)
+
+    def autocast_smart_context_manager(self, cache_enabled=True):
+        if self.plan.autocast_dtype is None:
+            return super().autocast_smart_context_manager(cache_enabled)
+        return torch.autocast(self.plan.device, dtype=self.plan.autocast_dtype, cache_enabled=cache_enabled)
+
+    def compute_loss_context_manager(self):
+        stack = super().compute_loss_context_manager()
+        for make_context in self.plan.forward_contexts:
+            stack.enter_context(make_context())
+        return stack
+
+    def _clip_grad_norm(self, model):
+        if self.plan.grad_scaler:  # clip the true gradients, not the scaled ones
+            self.accelerator.scaler.unscale_(getattr(self.optimizer, "optimizer", self.optimizer))
+        return super()._clip_grad_norm(model)
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if not self.plan.group_by_length or self.args.world_size > 1:
+            return super()._get_train_sampler(train_dataset)
+        lengths = [len(x) for x in dataset["input_ids"]]
+        step_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+        return LengthBucketSampler(lengths, step_batch, seed=self.args.seed)
+
+    def _get_eval_sampler(self, eval_dataset):
+        # Longest first, in order: predictions and labels stay aligned, and batches carry little padding.
+        if not self.plan.group_by_length or self.args.world_size > 1:
+            return super()._get_eval_sampler(eval_dataset)
+        lengths = [len(x) for x in eval_dataset["input_ids"]]
+        return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.state.global_step + 1 == self.pad_measured_step:
+            pad_id = self.processing_class.pad_token_id or 0
+            batches = [pad_batch(b, self.pad_to, pad_id) for b in batches]
+        return batches, num_items
+
+
+class DivergenceCallback(TrainerCallback):
+    """Stop at the first logged NaN/inf loss (checked only when Trainer logs: no per-step host sync)."""
+
+    def __init__(self):
+        self.diverged_at = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(loss):
+            self.diverged_at = state.global_step
+            control.should_training_stop = True
+
+
+def no_context():
+    return contextlib.nullcontext()

@@ -1,0 +1,59 @@
+"""Shared test set-up: pinned threads, W&B offline inside tmp dirs, and real Hydra composition."""
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# Before torch or wandb are imported: same behaviour on a busy machine, nothing written under ~.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ["WANDB_MODE"] = "offline"
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub; hub code is tested on local data
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
+
+from memsweep.schema import register_configs  # noqa: E402
+
+register_configs()
+
+# A tiny, fast job: small random BERT, a few hundred tweets, no W&B unless a test asks.
+TINY = ["model=tiny", "data.train_size=256", "data.eval_size=100", "logger=none", "threads=2"]
+
+
+def compose_config(overrides=(), job_dir: Path | None = None):
+    """Compose conf/config.yaml exactly as train.py does; set HydraConfig so the job can read it."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    if job_dir is not None:
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(job_dir)
+            cfg.hydra.run.dir = str(job_dir)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def run_job(overrides, job_dir: Path) -> dict:
+    """Run one real job in this process (as Hydra's basic launcher does) and return its results."""
+    from memsweep.job import run
+
+    return run(compose_config(overrides, job_dir))
+
+
+@pytest.fixture
+def tiny_job(tmp_path):
+    def _run(*overrides, job_dir=None):
+        return run_job(TINY + list(overrides), job_dir or tmp_path / "job")
+
+    return _run

@@ -1,0 +1,115 @@
+"""A real job end to end: results.json with every field measured, W&B records, bad input, multirun."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, TINY, run_job
+from wandb_records import find_run_file, run_contents
+
+from memsweep import results
+
+REQUIRED = {
+    "metrics": ["f1", "accuracy", "train_loss", "eval_loss"],
+    "time": ["train_s", "total_s", "samples_per_s", "tokens_per_s"],
+    "memory": ["peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "device",
+               "cuda_max_allocated", "cuda_max_reserved", "process_peak_rss"],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory):
+    job_dir = tmp_path_factory.mktemp("tiny") / "job"
+    res = run_job(TINY + ["logger=wandb"], job_dir)
+    return res, job_dir
+
+
+def test_results_json_holds_every_field_with_measured_values(tiny_result):
+    res, job_dir = tiny_result
+    on_disk = json.loads((job_dir / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(res, default=str))
+    assert on_disk["status"] == "ok" and on_disk["reason"] is None
+    assert on_disk["overrides"] == TINY + ["logger=wandb"] and len(on_disk["config_hash"]) == 16
+    for section, keys in REQUIRED.items():
+        for key in keys:
+            assert key in on_disk[section], f"{section}.{key} missing"
+    assert 0 <= on_disk["metrics"]["f1"] <= 1 and on_disk["metrics"]["train_loss"] > 0
+    assert all(on_disk["time"][k] > 0 for k in REQUIRED["time"])
+    mem = on_disk["memory"]
+    assert mem["device"] == "cpu" and mem["cuda_max_allocated"] is None  # no GPU: null, never invented
+    assert mem["process_peak_rss"] > mem["peak_bytes"] > 0
+    assert on_disk["versions"]["torch"].startswith("2.13.0")
+
+
+def test_ledger_is_exact_for_weights_gradients_and_adam_state(tiny_result):
+    res, _ = tiny_result
+    mem, eff = res["memory"], res["effective"]
+    fp32_param_bytes = 4 * eff["total_params"]
+    assert mem["params_bytes"] == fp32_param_bytes
+    # AdamW: exp_avg + exp_avg_sq in fp32, plus one 4-byte step counter per parameter tensor
+    adam_state = 2 * 4 * eff["trainable_params"]
+    assert adam_state < mem["optimizer_bytes"] <= adam_state + 8 * 64
+    assert mem["activations_bytes"] > 0
+    assert sum(mem["peak_breakdown"].values()) == mem["peak_bytes"]
+    assert mem["ledger_seq_len"] == 64 and mem["ledger_step"] == 2
+
+
+def test_ledger_does_not_depend_on_which_batches_were_measured(tmp_path):
+    # different seeds draw different (differently long) batches; the measured step is padded to max_seq_len
+    a = run_job(TINY + ["seed=1"], tmp_path / "a")["memory"]
+    b = run_job(TINY + ["seed=2"], tmp_path / "b")["memory"]
+    assert a["peak_bytes"] == b["peak_bytes"] and a["activations_bytes"] == b["activations_bytes"]
+
+
+def test_wandb_offline_run_holds_the_config_and_the_summary(tiny_result):
+    res, job_dir = tiny_result
+    run = run_contents(find_run_file(job_dir))
+    assert run["run"].job_type == "train" and run["run"].display_name == ",".join(res["overrides"])
+    assert run["config"]["model"]["name"] == "tiny" and run["config"]["batch_size"] == 32
+    assert run["config"]["effective"]["optimizer"] == "AdamW"
+    summary = run["summary"]
+    assert summary["status"] == "ok" and summary["metrics.f1"] == pytest.approx(res["metrics"]["f1"])
+    assert summary["memory.peak_bytes"] == res["memory"]["peak_bytes"]
+    # nothing written outside the job dir
+    assert os.environ["WANDB_DIR"].startswith(str(job_dir))
+
+
+def test_bad_input_is_a_failed_result_and_a_clear_exit(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_job(TINY + ["data=csv", f"data.path={tmp_path}/missing.csv"], tmp_path / "job")
+    assert stop.value.code == 2
+    assert "memsweep: error: data.path: file" in capsys.readouterr().out
+    saved = results.read(tmp_path / "job" / "results.json")
+    assert saved["status"] == "failed" and "data.path" in saved["reason"]
+
+
+def test_online_without_a_server_falls_back_to_offline_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # closed port on loopback
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    from memsweep import wandb_log
+    from memsweep.schema import LoggerConf
+
+    started = time.perf_counter()
+    run = wandb_log.start(LoggerConf(init_timeout_s=5), tmp_path, group="g", name="n", job_type="train",
+                          config={"a": 1}, tags=[])
+    assert time.perf_counter() - started < 15
+    assert run.settings.mode == "offline"
+    run.finish()
+
+
+def test_multirun_gives_one_result_and_one_wandb_run_per_job_in_one_group(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [a for a in TINY if a != "logger=none"]
+    done = subprocess.run([sys.executable, "train.py", "-m", "seed=1,2", *args, f"hydra.sweep.dir={sweep}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "WANDB_MODE": "offline"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in jobs] == ["0", "1"]
+    runs = [run_contents(find_run_file(p))["run"] for p in jobs]
+    assert all(results.read(p / "results.json")["status"] == "ok" for p in jobs)
+    assert runs[0].run_group == runs[1].run_group and runs[0].run_id != runs[1].run_id
+    assert [r.display_name for r in runs] == [f"seed={s},{','.join(args)}" for s in (1, 2)]

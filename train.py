@@ -1,0 +1,18 @@
+"""memsweep's single entrypoint: `python train.py [group=option ...]`, or `-m` to sweep a grid."""
+import hydra
+from omegaconf import DictConfig
+
+from memsweep.schema import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from memsweep.job import run  # imported here so `--help` and `--cfg job` answer fast
+
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
