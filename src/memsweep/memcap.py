@@ -1,0 +1,55 @@
+"""A real out-of-memory on the CPU, on purpose: cap the job's address space with RLIMIT_AS.
+
+`hardware.memory_gib` on a CPU profile (e.g. `hardware=cpu hardware.memory_gib=0.5`) lets the job map
+that much *more* address space than the process already holds when training starts; past it, the
+allocation itself fails (torch: "DefaultCPUAllocator: can't allocate memory", Python: MemoryError),
+which job.py records as `status: oom`. It is the CPU counterpart of the CUDA cap in hardware.py.
+
+It caps address space, not resident memory, so it over-counts: thread stacks and malloc arenas
+count too. Use it to force and bracket OOMs, not as an exact stand-in for a GPU's capacity.
+Linux only (it reads /proc/self/statm). Native code that aborts on a failed allocation (the Rust
+tokenizers, OpenMP creating threads) ends the whole process, so keep the cap above what the job
+needs to load its data and start its threads.
+"""
+import os
+import resource
+import warnings
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Iterator
+
+from .schema import HardwareConf
+
+
+def address_space_bytes() -> int:
+    """This process's mapped address space now (VmSize)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def cap(extra_bytes: int) -> Iterator[int]:
+    """Allow `extra_bytes` more address space inside the block; restore the soft limit after it.
+
+    A tighter limit already in force is kept (caps nest), and the hard limit is never touched, so
+    the soft limit can always be raised back: the next job of a sweep runs uncapped.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = address_space_bytes() + int(extra_bytes)
+    for bound in (soft, hard):
+        if bound != resource.RLIM_INFINITY:
+            limit = min(limit, bound)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def cap_for(profile: HardwareConf) -> ContextManager:
+    """The cap a resolved hardware profile asks for: only a CPU profile with `memory_gib` set."""
+    if profile.device != "cpu" or profile.memory_gib is None:
+        return nullcontext()
+    if not os.path.exists("/proc/self/statm"):
+        warnings.warn("hardware.memory_gib on the CPU needs Linux (/proc); running without a cap")
+        return nullcontext()
+    return cap(int(profile.memory_gib * 2**30))
