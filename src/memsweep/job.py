@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from . import hardware, measure, results, rules, wandb_log
+from . import hardware, measure, memcap, results, resume, rules, wandb_log
 from .errors import ConfigError, Diverged, Unsupported
 from .schema import Config
 
@@ -45,6 +45,8 @@ def is_oom(exc: BaseException) -> bool:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Run the composed job; returns its results (also written to <job dir>/results.json)."""
     started = time.perf_counter()
+    if (done := resume.skip_if_done(cfg)) is not None:  # a resumed sweep keeps the jobs already done
+        return done
     job_dir, overrides, group = hydra_context()
     res = results.empty(overrides, results.config_hash(cfg))
     measure.reset_cuda_peak()
@@ -61,7 +63,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         hardware.cap_memory(profile)
         from .train_loop import train_and_evaluate
 
-        train_and_evaluate(job, profile, job_dir, res, run)
+        with memcap.cap_for(profile):  # hardware.memory_gib on a CPU profile: a real OOM (memcap.py)
+            train_and_evaluate(job, profile, job_dir, res, run)
         res["status"], res["reason"] = "ok", None
     except Unsupported as exc:
         res["status"], res["reason"] = "unsupported", str(exc)
