@@ -57,3 +57,18 @@ def tiny_job(tmp_path):
         return run_job(TINY + list(overrides), job_dir or tmp_path / "job")
 
     return _run
+
+
+def build_job(overrides, job_dir: Path):
+    """The real, built job (trainer, data, ledger) for a composed config, without running it."""
+    from omegaconf import OmegaConf
+
+    from memsweep import hardware
+    from memsweep.train_loop import build
+
+    job = OmegaConf.to_object(compose_config(overrides, job_dir))
+    return build(job, hardware.detect(job.hardware), job_dir)
+
+
+def status(res: dict) -> tuple[str, str]:
+    return res["status"], res["reason"] or ""

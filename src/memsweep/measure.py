@@ -32,15 +32,32 @@ class LedgerTracker(MemTracker):
     """MemTracker that skips frozen parameters' grad hooks, and keeps only the device peak and each
     category's own maximum (not the per-module peaks)."""
 
-    def __init__(self):
+    def __init__(self, root=None):
         super().__init__()
         self.category_max: dict[str, int] = {}
+        self.root = root  # the model Trainer calls; its forward's end is where activations are counted
+        self.saved_activations = 0
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
         for p in module.parameters():
             if not p.requires_grad and p not in self._param_to_grad_hook_handles:
                 self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())  # "already hooked"
         return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        # Each micro-batch of an accumulated step calls the root module again, which MemTracker's
+        # per-module stats refuse; those stats are not used here, so start them afresh instead.
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            parents = set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)}
+            if parents == {"Global"}:
+                self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+    def _post_fw_hook(self, module, inputs, outputs) -> None:
+        super()._post_fw_hook(module, inputs, outputs)
+        if module is self.root and not self._mod_tracker.is_bw:
+            held = sum(snap.get("Activation", 0) for snap in self._curr_mem_snap.values())
+            self.saved_activations = max(self.saved_activations, held)
 
     def _update_peak_stats(self, peak_state) -> None:
         # Called on every op. The stock method also keeps a peak per module, deep-copying snapshots
@@ -76,7 +93,10 @@ class Ledger:
     seq_len: int
     peak_bytes: int = 0
     breakdown: dict[str, int] = field(default_factory=dict)  # at the peak, sums to peak_bytes
-    activations_bytes: int = 0  # the activations' own maximum during the step
+    # Held for backward at the end of a forward pass (max over micro-batches): the usual meaning of
+    # "activation memory". Recomputation of checkpointed layers in backward shows in the peak instead.
+    activations_bytes: int = 0
+    grads_bytes: int = 0  # the gradients' own maximum (at the peak they may be freed already)
     optimizer_bytes: int = 0  # true optimizer state
     compute_dtype: Optional[str] = None
     micro_batch_size: Optional[int] = None
@@ -96,7 +116,7 @@ class LedgerCallback(TrainerCallback):
             return
         self.ledger = Ledger(step=self.step, seq_len=self.seq_len)
         self._hook = _first_linear(model).register_forward_hook(self._see_compute)
-        self.tracker = LedgerTracker()
+        self.tracker = LedgerTracker(root=model)
         self.tracker.track_external(model, getattr(optimizer, "optimizer", optimizer))
         self.tracker.__enter__()
 
@@ -120,7 +140,8 @@ class LedgerCallback(TrainerCallback):
             breakdown["optimizer"] = state_bytes
         self.ledger.peak_bytes = snap["Total"]
         self.ledger.breakdown = breakdown
-        self.ledger.activations_bytes = self.tracker.category_max.get("Activation", 0)
+        self.ledger.activations_bytes = self.tracker.saved_activations
+        self.ledger.grads_bytes = self.tracker.category_max.get("Gradient", 0)
         self.ledger.optimizer_bytes = state_bytes
         self.tracker = None
 
@@ -158,6 +179,14 @@ def count_params(model) -> tuple[int, int]:
     return trainable, sum(p.numel() for p in model.parameters())
 
 
+def checkpointed_layers(model) -> int:
+    """Layers whose forward is recomputed in backward (transformers' GradientCheckpointingLayer)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return sum(1 for m in model.modules()
+               if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False))
+
+
 def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
     """What was in effect, observed on the running job (not copied from the config)."""
     params = list(model.parameters())
@@ -178,10 +207,13 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "trainable_params": trainable,
         "total_params": total,
         "frozen_params": sum(p.numel() for p in params if not p.requires_grad),
-        "checkpointed_layers": sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False)),
+        "checkpointed_layers": checkpointed_layers(model),
         "accumulation_steps": trainer.args.gradient_accumulation_steps,
         "micro_batch_size": ledger.micro_batch_size if ledger else trainer.args.per_device_train_batch_size,
         "deepspeed_stage": stage,
         "lora_modules": sum(1 for m in model.modules() if hasattr(m, "lora_A") and len(getattr(m, "lora_A")) > 0),
         "grad_scaler": type(trainer.accelerator.scaler).__name__ if trainer.accelerator.scaler else None,
+        "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),
+        "compiled": type(trainer.model_wrapped).__name__ == "OptimizedModule" or hasattr(model, "_orig_mod"),
+        "param_device": str(params[0].device) if params else None,
     }

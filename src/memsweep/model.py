@@ -41,26 +41,51 @@ def tiny_config(cfg: ModelConf, num_labels: int):
 
     return BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
                       num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-                      max_position_embeddings=cfg.max_position_embeddings, num_labels=num_labels)
+                      max_position_embeddings=cfg.max_position_embeddings, num_labels=num_labels,
+                      **dropout_kwargs(cfg))
+
+
+def dropout_kwargs(cfg: ModelConf) -> dict[str, float]:
+    if cfg.dropout is None:
+        return {}
+    keys = ("hidden_dropout_prob", "attention_probs_dropout_prob") if cfg.architecture == "bert" else (
+        "dropout", "attention_dropout")
+    return {k: cfg.dropout for k in keys}
+
+
+_TINY_DIRS: dict[str, str] = {}
+
+
+def tiny_checkpoint(cfg: ModelConf, num_labels: int) -> str:
+    """A folder holding the randomly initialised tiny model (seeded), built once per process.
+
+    Loading it back with `from_pretrained` lets every load-time technique (dtype, quantization,
+    device placement, attention kernel) act on `tiny` exactly as on a real checkpoint.
+    """
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    config = tiny_config(cfg, num_labels)
+    key = config.to_json_string()
+    if key not in _TINY_DIRS:
+        folder = tempfile.mkdtemp(prefix="memsweep-tiny-")
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+        _TINY_DIRS[key] = folder
+    return _TINY_DIRS[key]
 
 
 def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any]):
     """`load_kwargs` come from the techniques (dtype, attention implementation, quantization, device)."""
     from transformers import AutoModelForSequenceClassification
 
-    if cfg.source == ModelSource.tiny:
-        config = tiny_config(cfg, num_labels)
-        if "attn_implementation" in load_kwargs:
-            config._attn_implementation = load_kwargs["attn_implementation"]
-        device = load_kwargs.get("device_map")
-        import torch
-
-        with torch.device(device if isinstance(device, str) else "cpu"):
-            model = AutoModelForSequenceClassification.from_config(config, dtype=load_kwargs.get("dtype"))
-        return model
-    source = weights_source(cfg)
+    source = tiny_checkpoint(cfg, num_labels) if cfg.source == ModelSource.tiny else weights_source(cfg)
     try:
-        return AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels, **load_kwargs)
+        return AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels, **load_kwargs,
+                                                                  **dropout_kwargs(cfg))
     except OSError as exc:
         raise ConfigError("model.path", f"could not load a model from {source!r}: {str(exc)[:300]}") from None
     except ImportError as exc:  # e.g. attention=flash_attention_2 without the package

@@ -42,13 +42,13 @@ def _precision(cfg: Config) -> str:
 
 
 RULES: list[Rule] = [
-    Rule("no-gpu", lambda c, hw: hw.device == "cuda" and not _cuda(),
-         "this hardware profile is a CUDA GPU and none is visible here; predict it without a GPU with "
-         "mode=estimate, or run hardware=cpu"),
     Rule("bf16-unsupported", lambda c, hw: _precision(c) in ("bf16", "bf16_true") and not hw.bf16,
          "bf16 needs an Ampere-or-newer GPU (or a CPU); this profile has none — use precision=fp16"),
     Rule("tf32-unsupported", lambda c, hw: _precision(c) == "tf32" and not hw.tf32,
          "TF32 is a tensor-core mode of Ampere-or-newer GPUs; this device has no TF32 matmuls"),
+    Rule("no-gpu", lambda c, hw: hw.device == "cuda" and not _cuda(),
+         "this hardware profile is a CUDA GPU and none is visible here; predict it without a GPU with "
+         "mode=estimate, or run hardware=cpu"),
     Rule("batch-not-divisible",
          lambda c, hw: c.batch_size % (c.accumulation.steps * c.distributed.nproc) != 0,
          "batch_size must be divisible by accumulation steps x processes (micro-batch = batch_size / both)"),
@@ -75,6 +75,9 @@ RULES: list[Rule] = [
          "engine (it does its own loss scaling); use precision=bf16 or fp32 with DeepSpeed here"),
     Rule("deepspeed-bf16-true", lambda c, hw: c.deepspeed.stage is not None and _precision(c) == "bf16_true",
          "DeepSpeed keeps its own fp32 master weights; use precision=bf16 (mixed) with DeepSpeed"),
+    Rule("activation-offload-on-cpu", lambda c, hw: c.offload.activations and hw.device == "cpu",
+         "activations already live in host memory on the CPU: offloading them there only adds a copy; "
+         "offload=activations is for GPUs"),
     Rule("deepspeed-with-fsdp", lambda c, hw: c.deepspeed.stage is not None and c.fsdp.strategy is not None,
          "DeepSpeed and FSDP both shard the model: choose one"),
 ]

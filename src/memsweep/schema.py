@@ -31,6 +31,8 @@ class ModelConf:
     path: Optional[str] = None
     # Tokenizer to use when the model has none of its own (tiny); null = the model's own.
     tokenizer: Optional[str] = None
+    # Dropout of hidden states and attention probabilities; null = the model's own.
+    dropout: Optional[float] = None
     # Architecture. Used to build `tiny`, and by the estimator to size hub models offline.
     architecture: str = "bert"
     vocab_size: int = 30522
@@ -42,7 +44,10 @@ class ModelConf:
     # Where the pieces are, for techniques that act on them (freezing, LoRA).
     embeddings_module: str = "bert.embeddings"
     layers_module: str = "bert.encoder.layer"
-    head_modules: list[str] = field(default_factory=lambda: ["classifier", "bert.pooler"])
+    head_modules: list[str] = field(default_factory=lambda: ["classifier"])
+    # Kept in full precision when the base is quantized (bitsandbytes cannot train them on the CPU).
+    # transformers matches these from the start of a module name, or as its suffix.
+    quantize_skip_modules: list[str] = field(default_factory=lambda: ["classifier", "bert.pooler"])
     attention_modules: list[str] = field(default_factory=lambda: ["query", "key", "value"])
 
 

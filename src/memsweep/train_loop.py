@@ -1,6 +1,7 @@
 """Build the job from its plan, train it with Trainer, evaluate it, and fill in the results."""
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,17 @@ def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArgume
     )
 
 
-def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: dict[str, Any], run) -> None:
+@dataclass
+class Job:
+    """A built job: the trainer and what measures it."""
+    trainer: MemsweepTrainer
+    data: data_mod.TextData
+    ledger: LedgerCallback
+    divergence: DivergenceCallback
+
+
+def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
+    """Tokenizer, data, model with every technique applied, and the Trainer that will run it."""
     hf_logging.set_verbosity_error()
     if job.threads:
         torch.set_num_threads(job.threads)
@@ -66,13 +77,12 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: d
 
     tokenizer = model_mod.load_tokenizer(job.model)
     data = data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len)
-    res["data"] = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
     model = plan.transform(model_mod.load_model(job.model, len(data.label_names), plan.load_kwargs))
 
     steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
                             job.distributed.nproc, job.epochs, job.max_steps)
     ledger_step = min(job.measure.warmup_steps + 1, steps)
-    ledger_cb = LedgerCallback(step=ledger_step, seq_len=job.max_seq_len, enabled=job.measure.ledger)
+    ledger = LedgerCallback(step=ledger_step, seq_len=job.max_seq_len, enabled=job.measure.ledger)
     divergence = DivergenceCallback()
     trainer = MemsweepTrainer(
         model=model,
@@ -80,15 +90,29 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: d
         train_dataset=data.train,
         processing_class=tokenizer,
         data_collator=DataCollatorWithPadding(tokenizer),
-        callbacks=[ledger_cb, divergence, WandbLogCallback(run)],
+        callbacks=[ledger, divergence, WandbLogCallback(run)],
         plan=plan,
         pad_to=job.max_seq_len,
         pad_measured_step=ledger_step if job.measure.ledger else -1,
     )
+    return Job(trainer, data, ledger, divergence)
 
+
+def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: dict[str, Any], run) -> None:
+    built = None
+    try:
+        built = build(job, profile, job_dir, run)
+        _train_and_evaluate(built, profile, res, run)
+    finally:
+        release(built)
+
+
+def _train_and_evaluate(built: Job, profile: HardwareConf, res: dict[str, Any], run) -> None:
+    trainer, data = built.trainer, built.data
+    res["data"] = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
     out = trainer.train()
-    if divergence.diverged_at is not None:
-        raise Diverged(f"loss became NaN/inf by optimizer step {divergence.diverged_at}")
+    if built.divergence.diverged_at is not None:
+        raise Diverged(f"loss became NaN/inf by optimizer step {built.divergence.diverged_at}")
     train_s = out.metrics["train_runtime"]
     tokens = trainer.state.num_input_tokens_seen
 
@@ -107,17 +131,26 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: d
                        tokens_per_s=round(tokens / train_s, 1) if train_s else None,
                        optimizer_steps=trainer.state.global_step)
 
-    ledger = ledger_cb.ledger if ledger_cb.ledger and ledger_cb.ledger.peak_bytes else None
+    ledger = built.ledger.ledger if built.ledger.ledger and built.ledger.ledger.peak_bytes else None
     mem = res["memory"]
     mem["device"] = profile.device
     if ledger is not None:
         b = ledger.breakdown
-        mem.update(peak_bytes=ledger.peak_bytes, params_bytes=b.get("params", 0), grads_bytes=b.get("grads", 0),
+        mem.update(peak_bytes=ledger.peak_bytes, params_bytes=b.get("params", 0), grads_bytes=ledger.grads_bytes,
                    optimizer_bytes=ledger.optimizer_bytes, activations_bytes=ledger.activations_bytes,
                    buffers_bytes=b.get("buffers", 0), temp_bytes=b.get("temp", 0), other_bytes=b.get("other", 0),
                    peak_breakdown=b, ledger_step=ledger.step, ledger_seq_len=ledger.seq_len)
     else:
-        mem["params_bytes"] = param_bytes(model)
-    res["effective"] = effective(model, trainer, ledger)
+        mem["params_bytes"] = param_bytes(trainer.model)
+    res["effective"] = effective(trainer.model, trainer, ledger)
     if run is not None:
         run.log({"eval/f1": res["metrics"]["f1"], "eval/accuracy": res["metrics"]["accuracy"]})
+
+
+def release(built: Job | None) -> None:
+    """Leave the process clean for the next job of a sweep (Hydra's basic launcher runs them all in one)."""
+    from . import distributed
+
+    if built is not None:
+        built.trainer.accelerator.free_memory()
+    distributed.teardown()

@@ -3,6 +3,7 @@
 The DeepSpeed JSON is generated from the composed config, with "auto" wherever Trainer fills the value
 in from its own arguments, so batch size, accumulation, precision and clipping never disagree.
 """
+from ..distributed import single_process_env
 
 
 def ds_config(cfg) -> dict:
@@ -11,7 +12,7 @@ def ds_config(cfg) -> dict:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if cfg.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": False}
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": "auto",
         "train_batch_size": "auto",
         "gradient_accumulation_steps": "auto",
@@ -22,8 +23,14 @@ def ds_config(cfg) -> dict:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if cfg.offload_optimizer:
+        # Offloaded state is stepped on the CPU by DeepSpeed's CPUAdam (prebuilt at install), not the client optimizer.
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                           "weight_decay": "auto"}}
+    return config
 
 
 def apply(cfg, plan, job) -> None:
     if cfg.stage is not None:
+        single_process_env()
         plan.args["deepspeed"] = ds_config(cfg)

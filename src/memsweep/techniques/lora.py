@@ -5,7 +5,6 @@ from ..schema import Quantize
 def quantization_config(quantize: Quantize, skip_modules: list[str]):
     from transformers import BitsAndBytesConfig
 
-    # The classification head stays in full precision (on CPU, bitsandbytes cannot train it quantized).
     if quantize == Quantize.nf4:
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="float32",
                                   llm_int8_skip_modules=skip_modules)
@@ -26,6 +25,5 @@ def apply(cfg, plan, job) -> None:
     if not cfg.enabled:
         return
     if cfg.quantize != Quantize.none:
-        skip = [m.split(".")[-1] for m in job.model.head_modules]
-        plan.load_kwargs["quantization_config"] = quantization_config(cfg.quantize, skip)
+        plan.load_kwargs["quantization_config"] = quantization_config(cfg.quantize, job.model.quantize_skip_modules)
     plan.model_transforms.append(lambda model: wrap(model, cfg, job.model))

@@ -1,0 +1,14 @@
+"""checkpointing: measured activation bytes fall; layers really are checkpointed."""
+
+
+def test_full_checkpointing_cuts_activation_bytes_five_fold(tmp_path):
+    from conftest import run_job
+
+    common = ["model=minilm", "data.train_size=96", "data.eval_size=32", "logger=none", "threads=2",
+              "max_steps=2", "max_seq_len=128"]
+    plain = run_job(common, tmp_path / "plain")
+    checkpointed = run_job(common + ["checkpointing=full"], tmp_path / "ckpt")
+    assert checkpointed["effective"]["checkpointed_layers"] == 6 and plain["effective"]["checkpointed_layers"] == 0
+    ratio = plain["memory"]["activations_bytes"] / checkpointed["memory"]["activations_bytes"]
+    assert ratio >= 5, ratio
+    assert checkpointed["memory"]["peak_bytes"] < plain["memory"]["peak_bytes"]
