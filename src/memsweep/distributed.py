@@ -2,6 +2,10 @@
 import os
 import socket
 
+# The environment before this process made its own group; Trainer and Accelerate add variables
+# (ACCELERATE_USE_DEEPSPEED, ...) that would make the next job of a sweep think it is distributed.
+_ENV_BEFORE: dict[str, str] | None = None
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -11,24 +15,45 @@ def free_port() -> int:
 
 def single_process_env() -> None:
     """DeepSpeed needs a process group even alone; without a launcher, make it a group of one."""
+    global _ENV_BEFORE
     if "WORLD_SIZE" in os.environ:  # torchrun / srun / deepspeed launcher already set it
         return
+    _ENV_BEFORE = dict(os.environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                       WORLD_SIZE="1")
-    os.environ["_MEMSWEEP_OWNS_GROUP"] = "1"
 
 
 def teardown() -> None:
     """Destroy a group this job made and reset Accelerate's singletons, so the next job starts clean."""
+    global _ENV_BEFORE
     import torch.distributed as dist
 
-    if os.environ.pop("_MEMSWEEP_OWNS_GROUP", None) is None:
+    if _ENV_BEFORE is None:
         return
     if dist.is_initialized():
         dist.destroy_process_group()
-    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        os.environ.pop(var, None)
+    os.environ.clear()
+    os.environ.update(_ENV_BEFORE)
+    _ENV_BEFORE = None
     from accelerate.state import AcceleratorState, PartialState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     PartialState._reset_state()
+    _forget_deepspeed_groups()
+
+
+def _forget_deepspeed_groups() -> None:
+    """DeepSpeed caches the process groups (and its comm backend) in module globals, and transformers
+    its ZeRO config: none of them may leak into the next job of the same process."""
+    import sys
+
+    hf_deepspeed = sys.modules.get("transformers.integrations.deepspeed")
+    if hf_deepspeed is not None:  # else the next from_pretrained builds its model under ZeRO-3's zero.Init
+        hf_deepspeed.unset_hf_deepspeed_config()
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None:
+        for name in [n for n in vars(groups) if n.startswith("_") and n.isupper() and ("GROUP" in n or "MPU" in n)]:
+            setattr(groups, name, {} if isinstance(getattr(groups, name), dict) else None)
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None:
+        comm.cdb = None

@@ -72,8 +72,15 @@ class LedgerTracker(MemTracker):
                     self.category_max[key] = value
 
 
+def inner_optimizer(optimizer):
+    """The torch optimizer holding the state, under Accelerate's and DeepSpeed's wrappers."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
 def optimizer_state_bytes(optimizer) -> int:
-    inner = getattr(optimizer, "optimizer", optimizer)
+    inner = inner_optimizer(optimizer)
     seen, total = set(), 0
     for state in inner.state.values():
         for value in state.values():
@@ -117,7 +124,7 @@ class LedgerCallback(TrainerCallback):
         self.ledger = Ledger(step=self.step, seq_len=self.seq_len)
         self._hook = _first_linear(model).register_forward_hook(self._see_compute)
         self.tracker = LedgerTracker(root=model)
-        self.tracker.track_external(model, getattr(optimizer, "optimizer", optimizer))
+        self.tracker.track_external(model, inner_optimizer(optimizer))
         self.tracker.__enter__()
 
     def _see_compute(self, module, inputs, output):
@@ -195,7 +202,7 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         key = str(p.dtype).replace("torch.", "")
         dtypes[key] = dtypes.get(key, 0) + p.numel()
     trainable, total = count_params(model)
-    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    optimizer = inner_optimizer(trainer.optimizer) if trainer.optimizer is not None else None
     engine = getattr(trainer, "model_wrapped", None)
     stage = engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else None
     return {

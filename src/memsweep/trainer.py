@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
+from .measure import inner_optimizer
 from .plan import Plan
 
 
@@ -84,7 +85,7 @@ class MemsweepTrainer(Trainer):
 
     def _clip_grad_norm(self, model):
         if self.plan.grad_scaler:  # clip the true gradients, not the scaled ones
-            self.accelerator.scaler.unscale_(getattr(self.optimizer, "optimizer", self.optimizer))
+            self.accelerator.scaler.unscale_(inner_optimizer(self.optimizer))
         return super()._clip_grad_norm(model)
 
     def _get_train_sampler(self, train_dataset=None):

@@ -7,7 +7,11 @@ from ..distributed import single_process_env
 
 
 def ds_config(cfg) -> dict:
-    zero: dict = {"stage": cfg.stage}
+    # "auto" bucket sizes: Trainer sizes them from the model's hidden size. DeepSpeed's own default
+    # (5e8 elements) allocates ~1.9 GiB of fp32 reduce buckets whatever the model.
+    zero: dict = {"stage": cfg.stage, "reduce_bucket_size": "auto"}
+    if cfg.stage == 3:
+        zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto")
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if cfg.offload_param:

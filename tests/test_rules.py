@@ -1,0 +1,53 @@
+"""The rule table: each combination that cannot run ends as `unsupported` with its reason, before any work."""
+import pytest
+from conftest import TINY, run_job
+
+from memsweep import rules
+
+CASES = {
+    "bf16-unsupported": ["hardware=t4", "precision=bf16"],
+    "tf32-unsupported": ["hardware=cpu", "precision=tf32"],
+    "no-gpu": ["hardware=a100_40gb"],
+    "batch-not-divisible": ["batch_size=30", "accumulation=x4"],
+    "flash-attention": ["attention=flash_attention_2"],
+    "quantized-with-deepspeed": ["lora=qlora", "deepspeed=zero2"],
+    "8bit-optim-with-zero": ["optim=adamw_8bit", "deepspeed=zero1"],
+    "offload-needs-adam": ["optim=sgd", "deepspeed=zero2_offload"],
+    "deepspeed-cpu-fp16": ["precision=fp16", "deepspeed=zero2"],
+    "deepspeed-bf16-true": ["precision=bf16_true", "deepspeed=zero2"],
+    "activation-offload-on-cpu": ["offload=activations"],
+    "deepspeed-with-fsdp": ["deepspeed=zero2", "fsdp.strategy=full_shard"],
+}
+NEEDS_A_MISSING_PIECE = {"bitsandbytes-missing", "offload-needs-cpu-adam-op"}
+
+
+def test_every_rule_has_a_case():
+    assert {r.name for r in rules.RULES} == set(CASES) | NEEDS_A_MISSING_PIECE
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule_refuses_with_its_reason(tmp_path, name):
+    res = run_job(TINY + CASES[name], tmp_path)
+    rule = next(r for r in rules.RULES if r.name == name)
+    assert res["status"] == "unsupported"
+    assert res["reason"] == f"{name}: {rule.reason}"
+    assert res["time"]["train_s"] is None  # refused before any training
+
+
+def test_missing_bitsandbytes_refuses_quantized_lora(tmp_path, monkeypatch):
+    monkeypatch.setattr(rules, "_installed", lambda module: module != "bitsandbytes")
+    res = run_job(TINY + ["lora=qlora"], tmp_path)
+    assert res["status"] == "unsupported" and res["reason"].startswith("bitsandbytes-missing")
+
+
+def test_offload_without_the_prebuilt_cpu_adam_op_is_refused(tmp_path, monkeypatch):
+    assert rules._ds_op_prebuilt("cpu_adam")  # make install prebuilt it
+    monkeypatch.setattr(rules, "_ds_op_prebuilt", lambda op: False)
+    res = run_job(TINY + ["deepspeed=zero2_offload"], tmp_path)
+    assert res["status"] == "unsupported" and res["reason"].startswith("offload-needs-cpu-adam-op")
+
+
+def test_a_sweep_goes_on_after_an_unsupported_job(tmp_path):
+    refused = run_job(TINY + ["precision=tf32", "hardware=cpu"], tmp_path / "a")
+    fine = run_job(TINY + ["max_steps=1"], tmp_path / "b")
+    assert (refused["status"], fine["status"]) == ("unsupported", "ok")
