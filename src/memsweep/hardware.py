@@ -24,13 +24,18 @@ def detect(cfg: HardwareConf) -> HardwareConf:
     return replace(cfg, name="auto:cpu", device="cpu", bf16=True, fp16=True, tf32=False)
 
 
+def memory_fraction(profile_gib: float | None, device_bytes: int) -> float | None:
+    """The share of a device that leaves a job exactly the profile's capacity, or None if no cap is needed."""
+    if profile_gib is None:
+        return None
+    fraction = profile_gib * 2**30 / device_bytes
+    return fraction if fraction < 1.0 else None
+
+
 def cap_memory(profile: HardwareConf) -> float | None:
     """On a GPU larger than the profile, cap this process to the profile's capacity ("would it fit a T4?")."""
-    if profile.device != "cuda" or not torch.cuda.is_available() or profile.memory_gib is None:
+    if profile.device != "cuda" or not torch.cuda.is_available():
         return None
-    total = torch.cuda.get_device_properties(0).total_memory
-    fraction = min(1.0, profile.memory_gib * 2**30 / total)
-    if fraction < 1.0:
-        torch.cuda.set_per_process_memory_fraction(fraction)
-        return fraction
-    return None
+    fraction = memory_fraction(profile.memory_gib, torch.cuda.get_device_properties(0).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction if fraction is not None else 1.0)
+    return fraction

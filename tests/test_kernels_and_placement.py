@@ -1,0 +1,63 @@
+"""attention, init, compile and hardware: what each changes, observed on the built or running job."""
+import pytest
+from conftest import TINY, build_job, compose_config
+
+from memsweep import hardware
+
+
+def test_eager_attention_holds_more_activation_bytes_than_sdpa(tiny_job, tmp_path):
+    def run(*extra):
+        sdpa = tiny_job("max_seq_len=128", "max_steps=2", *extra, job_dir=tmp_path / f"sdpa{len(extra)}")
+        eager = tiny_job("max_seq_len=128", "max_steps=2", "attention=eager", *extra,
+                         job_dir=tmp_path / f"eager{len(extra)}")
+        assert (sdpa["effective"]["attention"], eager["effective"]["attention"]) == ("sdpa", "eager")
+        return eager["memory"]["activations_bytes"] - sdpa["memory"]["activations_bytes"]
+
+    # Without attention dropout, SDPA's fused CPU kernel does not keep the (batch, heads, seq, seq)
+    # probabilities that eager keeps for backward.
+    probs_one_layer = 32 * 2 * 128 * 128 * 4
+    assert run("model.dropout=0") >= 0.9 * probs_one_layer
+    # With dropout, SDPA on the CPU falls back to the math path: no saving at all.
+    assert run() == 0
+
+
+def test_init_on_device_loads_the_weights_straight_onto_the_device(tmp_path, monkeypatch):
+    # On the CPU the weights land there either way; on a GPU device_map skips the host copy.
+    from transformers import AutoModelForSequenceClassification
+
+    seen = []
+    original = AutoModelForSequenceClassification.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForSequenceClassification, "from_pretrained", classmethod(spy))
+    build_job(TINY, tmp_path / "a")
+    model = build_job(TINY + ["init=device"], tmp_path / "b").trainer.model
+    assert seen == [None, "cpu"] and next(model.parameters()).device.type == "cpu"
+
+
+def test_compile_hands_the_model_to_torch_compile(tmp_path):
+    # A compiled step costs ~60 s on these 2 cores; its effect is speed, which `make bench` measures.
+    trainer = build_job(TINY + ["compile=on"], tmp_path).trainer
+    assert trainer.args.torch_compile and trainer.args.torch_compile_backend in (None, "inductor")
+    assert not build_job(TINY, tmp_path / "off").trainer.args.torch_compile
+
+
+@pytest.mark.parametrize("gib, device_gib, expected", [(15.0, 40, 15 / 40), (79.2, 80, 79.2 / 80), (40, 16, None),
+                                                      (None, 80, None)])
+def test_a_larger_gpu_is_capped_to_the_profile(gib, device_gib, expected):
+    got = hardware.memory_fraction(gib, device_gib * 2**30)
+    assert got == pytest.approx(expected) if expected is not None else got is None
+
+
+def test_profiles_carry_capabilities():
+    t4 = compose_config(["hardware=t4"]).hardware
+    a100 = compose_config(["hardware=a100_40gb"]).hardware
+    assert (t4.bf16, t4.tf32, t4.memory_gib) == (False, False, 15.0)
+    assert (a100.bf16, a100.tf32) == (True, True) and a100.tflops["bf16"] > a100.tflops["fp32"]
+    from omegaconf import OmegaConf
+
+    cpu = hardware.detect(OmegaConf.to_object(compose_config([])).hardware)
+    assert cpu.device == "cpu" and cpu.name == "auto:cpu"
