@@ -25,5 +25,37 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# A small grid on the embedded default (MiniLM, 2,000 tweets): precision x optim, 4 jobs, about
+# 4-5 min on 2 CPU cores; prints the summary table at the end. SWEEP=<sweep dir> resumes that sweep
+# (jobs already done are skipped); ARGS adds overrides (e.g. ARGS="hydra/launcher=parallel").
+SWEEP_GRID := precision=fp32,bf16 optim=adamw,adafactor data.train_size=2000
+# The seed study's grid on a T4; bf16 jobs are recorded as unsupported by the rule, not run.
+T4_GRID := hardware=t4 precision=fp32,fp16,bf16 optim=adamw,sgd,adafactor,adamw_8bit \
+	checkpointing=none,full accumulation=none,x32
+
+sweep: $(STAMP)
+	$(PY) train.py -m $(SWEEP_GRID) $(if $(SWEEP),hydra.sweep.dir=$(SWEEP)) $(ARGS)
+
+sweep-t4: $(STAMP)
+	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(PY) train.py -m $(T4_GRID) $(if $(SWEEP),hydra.sweep.dir=$(SWEEP)) $(ARGS); \
+	else \
+		echo "sweep-t4: no CUDA GPU on this machine, nothing was run; predict the same grid without a GPU: make estimate-t4"; \
+	fi
+
+# Rebuild summary.csv/.md, memory.png, tradeoff.png of a sweep, finished or not:
+# make report SWEEP=multirun/<date>/<time> [BASELINE=<job number or overrides>] [WANDB=1]
+report: $(STAMP)
+	@$(PY) -m memsweep.report "$(SWEEP)" $(if $(BASELINE),--baseline "$(BASELINE)") $(if $(WANDB),--wandb)
+
+# Upload the offline W&B runs (every sweep and run, or only SWEEP=<dir>) once online and logged in.
+WANDB_RUNS = find $(or $(SWEEP),multirun outputs) -type d -name 'offline-run-*' -path '*/wandb/*' \
+	-not -path '*/attempts/*' 2>/dev/null | sort
+wandb-sync: $(STAMP)
+	@runs="$$($(WANDB_RUNS))"; \
+	if [ -z "$$runs" ]; then echo "wandb-sync: no offline W&B runs under $(or $(SWEEP),multirun/ or outputs/)"; exit 0; fi; \
+	echo "wandb-sync: $$(echo "$$runs" | wc -l) offline run(s)"; \
+	$(VENV)/bin/wandb sync $$runs
+
 clean:
 	rm -rf outputs multirun/*/ .pytest_cache
