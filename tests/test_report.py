@@ -79,6 +79,19 @@ def test_the_grid_is_expanded_as_hydra_numbers_the_jobs(sweep):
         [f"precision={p}", f"optim={o}", "model=tiny"] for p in ("fp32", "bf16") for o in ("adamw", "sgd", "adafactor")]
 
 
+def test_a_glob_sweep_is_expanded_from_the_sweeps_config_dir(tmp_path):
+    (tmp_path / "conf" / "row").mkdir(parents=True)
+    for name in ("b_second", "a_first"):
+        (tmp_path / "conf" / "row" / f"{name}.yaml").write_text("# @package _global_\n")
+    OmegaConf.save(OmegaConf.create({"hydra": {
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": None},
+        "overrides": {"task": ["+row=glob(*)", "seed=1,2"]},
+        "runtime": {"config_sources": [{"path": str(tmp_path / "conf"), "schema": "file", "provider": "main"}]},
+    }}), tmp_path / "multirun.yaml")
+    assert report.sweep_grid(tmp_path) == [["+row=a_first", "seed=1"], ["+row=a_first", "seed=2"],
+                                          ["+row=b_second", "seed=1"], ["+row=b_second", "seed=2"]]
+
+
 def test_every_job_has_a_row_with_its_status_and_reason_none_dropped(sweep):
     summary = report.build(sweep)
     report.write(summary)

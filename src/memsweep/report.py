@@ -93,11 +93,24 @@ def sweep_grid(sweep_dir: Path) -> Optional[list[list[str]]]:
     arguments = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     arguments += list(OmegaConf.select(cfg, "hydra.overrides.task") or [])
     try:
-        parsed = OverridesParser.create().parse_overrides(arguments)
+        parsed = OverridesParser.create(config_loader=_config_loader(cfg)).parse_overrides(arguments)
         batches = BasicSweeper.split_arguments(parsed, None)
-    except Exception:  # e.g. a glob() sweep needs the config loader; the job dirs still tell
+    except Exception:  # e.g. a config dir that moved since; the job dirs still tell
         return None
     return [list(job) for batch in batches for job in batch]
+
+
+def _config_loader(cfg):
+    """A config loader on the sweep's own config dirs: `glob(*)` sweeps list a group's options."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # registers the config source types (file://, pkg://, structured://)
+    search_path = ConfigSearchPathImpl()
+    for source in OmegaConf.select(cfg, "hydra.runtime.config_sources") or []:
+        search_path.append(source.provider, f"{source.schema}://{source.path}")
+    return ConfigLoaderImpl(config_search_path=search_path)
 
 
 def _job_dirs(sweep_dir: Path) -> dict[int, tuple[Path, list[str]]]:
