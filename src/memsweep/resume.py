@@ -96,10 +96,11 @@ def resume_command(sweep_dir: Path, extra: list[str]) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or not (Path(argv[0]) / "multirun.yaml").is_file():
-        given = argv[0] if argv else "nothing"
-        sys.exit(f"memsweep resume: error: {given} is not a sweep dir (no multirun.yaml); "
-                 "usage: python -m memsweep.resume multirun/<date>/<time> [overrides]")
+    usage = "usage: python -m memsweep.resume multirun/<date>/<time> [overrides]"
+    if not argv:
+        sys.exit(f"memsweep resume: error: no sweep dir given; {usage}")
+    if not (Path(argv[0]) / "multirun.yaml").is_file():
+        sys.exit(f"memsweep resume: error: {argv[0]} is not a sweep dir (no multirun.yaml); {usage}")
     train_py = Path(__file__).resolve().parents[2] / "train.py"
     if not train_py.is_file():
         sys.exit(f"memsweep resume: error: {train_py} not found (resume needs the source checkout)")
