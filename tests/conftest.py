@@ -30,10 +30,14 @@ register_configs()
 TINY = ["model=tiny", "data.train_size=256", "data.eval_size=100", "logger=none", "threads=2"]
 
 
-def compose_config(overrides=(), job_dir: Path | None = None):
+def compose_config(overrides=(), job_dir: Path | None = None, multirun: bool = False):
     """Compose conf/config.yaml exactly as train.py does; set HydraConfig so the job can read it."""
+    from hydra.types import RunMode
+
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN if multirun else RunMode.RUN
     if job_dir is not None:
         with open_dict(cfg):
             cfg.hydra.runtime.output_dir = str(job_dir)
@@ -44,11 +48,11 @@ def compose_config(overrides=(), job_dir: Path | None = None):
     return cfg
 
 
-def run_job(overrides, job_dir: Path) -> dict:
+def run_job(overrides, job_dir: Path, multirun: bool = False) -> dict:
     """Run one real job in this process (as Hydra's basic launcher does) and return its results."""
     from memsweep.job import run
 
-    return run(compose_config(overrides, job_dir))
+    return run(compose_config(overrides, job_dir, multirun))
 
 
 @pytest.fixture

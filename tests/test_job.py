@@ -85,6 +85,18 @@ def test_bad_input_is_a_failed_result_and_a_clear_exit(tmp_path, capsys):
     assert saved["status"] == "failed" and "data.path" in saved["reason"]
 
 
+def test_bad_input_inside_a_sweep_is_that_jobs_result_and_the_sweep_goes_on(tmp_path, capsys):
+    res = run_job(TINY + ["data=csv", f"data.path={tmp_path}/missing.csv"], tmp_path / "job", multirun=True)
+    assert res["status"] == "failed" and res["reason"].startswith("bad input: data.path")
+    assert "memsweep: error: data.path" in capsys.readouterr().out
+
+
+def test_a_nan_after_the_last_logged_step_is_still_diverged(tiny_job):
+    # 5 steps: Trainer logs every 10, so only the mean training loss can show the NaN
+    res = tiny_job("precision=fp16", "lr=1e4", "max_steps=5")
+    assert res["status"] == "diverged", res["reason"]
+
+
 def test_online_without_a_server_falls_back_to_offline_fast(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # closed port on loopback

@@ -5,11 +5,14 @@ ROWS = sorted(p.stem for p in (ROOT / "conf" / "ladder").glob("*.yaml"))
 
 
 def test_ladder_peaks_fall_row_by_row(tmp_path):
-    # The ledger is taken on optimizer step 2, so two steps measure what the full ladder run measures.
+    # MiniLM (on the tiny model every row peaks in AdamW's embedding update, so the ladder is flat).
+    # To fit CI, one optimizer step is measured (no warm-up) on sequences of 32; the full ladder is
+    # a sweep (README) whose table is in the closing note of the issue.
     peaks = {}
     for row in ROWS:
-        res = run_job(["experiment=ladder", f"ladder={row}", "max_steps=2", "data.train_size=128",
-                       "data.eval_size=32", "logger=none"], tmp_path / row)
+        res = run_job(["experiment=ladder", f"ladder={row}", "max_steps=1", "measure.warmup_steps=0",
+                       "max_seq_len=32", "data.train_size=64", "data.eval_size=32", "logger=none"],
+                      tmp_path / row)
         assert res["status"] == "ok", (row, res["reason"])
         peaks[row] = res["memory"]["peak_bytes"]
     ladder = [peaks[r] for r in ROWS if r != "6_lora"]

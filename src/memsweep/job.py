@@ -94,8 +94,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     print_summary(res, job_dir)
     if config_error is not None:
         print(f"memsweep: error: {config_error}")
-        raise SystemExit(2)
+        if not in_multirun():  # in a sweep it is this job's result; the sweep goes on and reports it
+            raise SystemExit(2)
     return res
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _mib(n) -> str:

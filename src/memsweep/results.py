@@ -15,10 +15,15 @@ VERSIONED = ("torch", "transformers", "datasets", "peft", "accelerate", "deepspe
              "hydra-core", "omegaconf", "wandb", "memsweep")
 
 
+# Keys that do not change what a job measures: how the sweep is reported, and whether W&B logs it.
+NOT_HASHED = ("hydra", "report", "logger")
+
+
 def config_hash(cfg: DictConfig) -> str:
-    """Hash of the resolved job config (what decides the result), without Hydra's own settings."""
+    """Hash of the resolved job config: what decides the result (resume compares it)."""
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    container.pop("hydra", None)
+    for key in NOT_HASHED:
+        container.pop(key, None)
     blob = json.dumps(container, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -113,6 +113,8 @@ def _train_and_evaluate(built: Job, profile: HardwareConf, res: dict[str, Any], 
     out = trainer.train()
     if built.divergence.diverged_at is not None:
         raise Diverged(f"loss became NaN/inf by optimizer step {built.divergence.diverged_at}")
+    if not math.isfinite(out.training_loss):  # a NaN after the last logged step
+        raise Diverged(f"mean training loss is {out.training_loss}")
     train_s = out.metrics["train_runtime"]
     tokens = trainer.state.num_input_tokens_seen
 
