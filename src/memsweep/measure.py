@@ -107,6 +107,7 @@ class Ledger:
     optimizer_bytes: int = 0  # true optimizer state
     compute_dtype: Optional[str] = None
     micro_batch_size: Optional[int] = None
+    dataloader: dict[str, Any] = field(default_factory=dict)
 
 
 class LedgerCallback(TrainerCallback):
@@ -118,10 +119,10 @@ class LedgerCallback(TrainerCallback):
         self.ledger: Optional[Ledger] = None
         self._hook = None
 
-    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+    def on_step_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         if not self.enabled or state.global_step + 1 != self.step:
             return
-        self.ledger = Ledger(step=self.step, seq_len=self.seq_len)
+        self.ledger = Ledger(step=self.step, seq_len=self.seq_len, dataloader=loader_settings(train_dataloader))
         self._hook = _first_linear(model).register_forward_hook(self._see_compute)
         self.tracker = LedgerTracker(root=model)
         self.tracker.track_external(model, inner_optimizer(optimizer))
@@ -151,6 +152,17 @@ class LedgerCallback(TrainerCallback):
         self.ledger.grads_bytes = self.tracker.category_max.get("Gradient", 0)
         self.ledger.optimizer_bytes = state_bytes
         self.tracker = None
+
+
+def loader_settings(loader) -> dict[str, Any]:
+    """What the DataLoader Trainer iterates really uses."""
+    if loader is None:
+        return {}
+    sampler = getattr(loader, "sampler", None)
+    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", sampler)
+    return {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers, "prefetch_factor": loader.prefetch_factor,
+            "sampler": type(inner).__name__ if inner is not None else None}
 
 
 def _first_linear(model) -> torch.nn.Module:
@@ -223,4 +235,5 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "compiled": type(trainer.model_wrapped).__name__ == "OptimizedModule" or hasattr(model, "_orig_mod"),
         "param_device": str(params[0].device) if params else None,
+        "dataloader": ledger.dataloader if ledger else None,
     }
