@@ -1,5 +1,4 @@
 """dataloader: what the loader Trainer iterates really used, and length-grouped batches that lose nothing."""
-from conftest import TINY
 
 from memsweep.trainer import LengthBucketSampler
 

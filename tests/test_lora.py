@@ -23,11 +23,15 @@ def test_lora_r16_has_twice_the_adapter_parameters_of_r8(tmp_path):
 
 
 def test_qlora_stores_the_base_linear_weights_in_4_bit_and_trains(tiny_job):
-    import bitsandbytes as bnb
-
     res = tiny_job("lora=qlora", "max_steps=2")
     assert res["status"] == "ok", res["reason"]
     assert "uint8" in res["effective"]["param_dtypes"] and res["effective"]["lora_modules"] == 6
+
+
+def test_int8_base_trains_and_the_audit_shows_int8_storage(tiny_job):
+    res = tiny_job("lora=int8", "max_steps=2")
+    assert res["status"] == "ok", res["reason"]
+    assert "int8" in res["effective"]["param_dtypes"] and res["effective"]["lora_modules"] == 6
 
 
 def test_qlora_and_int8_quantize_every_attention_and_dense_layer(tmp_path):

@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import II, MISSING
+from omegaconf import II
 
 
 class Mode(str, Enum):
@@ -290,5 +290,3 @@ class Config:
 def register_configs() -> None:
     ConfigStore.instance().store(name="memsweep_schema", node=Config)
 
-
-__all__ = ["Config", "register_configs", "MISSING"]

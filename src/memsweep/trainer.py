@@ -8,7 +8,6 @@
 - Batches of similar length (shuffled buckets) cut padding; the ledger step's batches are padded to
   `max_seq_len` so its memory figure does not depend on which examples it drew.
 """
-import contextlib
 import math
 
 import torch
@@ -122,7 +121,3 @@ class DivergenceCallback(TrainerCallback):
         if loss is not None and not math.isfinite(loss):
             self.diverged_at = state.global_step
             control.should_training_stop = True
-
-
-def no_context():
-    return contextlib.nullcontext()
