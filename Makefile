@@ -43,6 +43,12 @@ sweep-t4: $(STAMP)
 		echo "sweep-t4: no CUDA GPU on this machine, nothing was run; predict the same grid without a GPU: make estimate-t4"; \
 	fi
 
+# The same grid predicted without a GPU or weights (python -m memsweep.estimate): estimate.json per
+# job and estimate.md (peak and breakdown, fits/margin on the T4's 15 GiB, FLOPs and time per step);
+# bf16 rows are refused by the rule, as in sweep-t4. SWEEP=<dir> chooses the output dir.
+estimate-t4: $(STAMP)
+	$(PY) -m memsweep.estimate $(T4_GRID) $(if $(SWEEP),--out $(SWEEP)) $(ARGS)
+
 # Rebuild summary.csv/.md, memory.png, tradeoff.png of a sweep, finished or not:
 # make report SWEEP=multirun/<date>/<time> [BASELINE=<job number or overrides>] [WANDB=1]
 report: $(STAMP)

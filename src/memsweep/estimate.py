@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import inspect
 import json
-import math
 import os
 import sys
 import tempfile
@@ -30,7 +29,8 @@ from typing import Any, Optional
 
 import torch
 
-from . import estimate_formula, rules
+from . import estimate_formula as formula
+from . import rules
 from .errors import ConfigError, Unsupported
 from .schema import Config, HardwareConf, ModelConf, ModelSource, PrecisionName
 
@@ -60,7 +60,7 @@ def model_config(cfg: ModelConf, labels: int):
 
     if cfg.source == ModelSource.tiny:
         return tiny_config(cfg, labels), "model config keys"
-    folder = cfg.path or embedded_minilm_path() if cfg.source == ModelSource.embedded else cfg.path
+    folder = (cfg.path or embedded_minilm_path()) if cfg.source == ModelSource.embedded else cfg.path
     if folder:
         try:
             config = AutoConfig.from_pretrained(folder, num_labels=labels, local_files_only=True, **dropout_kwargs(cfg))
@@ -102,15 +102,21 @@ def untraceable_reason(job: Config, plan) -> Optional[str]:
     return None
 
 
-def compute_dtype(plan) -> Optional[torch.dtype]:
-    """The autocast dtype a real job runs under: the plan's own, or Accelerate's for bf16/fp16 args."""
-    if plan.autocast_dtype is not None:
-        return plan.autocast_dtype
-    if plan.args.get("bf16"):
-        return torch.bfloat16
-    if plan.args.get("fp16"):
-        return torch.float16
-    return None
+def accelerate_dtype(plan) -> Optional[torch.dtype]:
+    """The autocast dtype Accelerate applies for the bf16/fp16 TrainingArguments (wrapping model.forward)."""
+    return torch.bfloat16 if plan.args.get("bf16") else torch.float16 if plan.args.get("fp16") else None
+
+
+def autocast_like_accelerate(model, dtype: torch.dtype):
+    """Wrap model.forward in autocast as Accelerate.prepare_model does (inside the module's hooks, so
+    the weight casts it caches are dropped before the forward hooks run, as on a real job)."""
+    from types import MethodType
+
+    from accelerate.utils import convert_outputs_to_fp32
+
+    forward = torch.autocast("cpu", dtype=dtype)(model.forward.__func__)
+    model.forward = MethodType(convert_outputs_to_fp32(forward), model)
+    return model
 
 
 @contextlib.contextmanager
@@ -150,27 +156,57 @@ def cuda_kernels():
         F.dropout, F.scaled_dot_product_attention = dropout, sdpa
 
 
-def build_model(job: Config, plan, config):
-    """The job's model class from its config (no weights, no init) with the plan's transforms."""
+def meta_model(job: Config, plan, config):
+    """The job's model class built from its config on the meta device (no memory, no weights, no
+    init), with the plan's transforms: freezing, LoRA, checkpointing, bf16_true."""
     import transformers.initialization as hf_init
     from transformers import AutoModelForSequenceClassification
 
     kwargs = {k: plan.load_kwargs[k] for k in ("attn_implementation", "dtype") if k in plan.load_kwargs}
-    with hf_init.no_init_weights():  # initial values do not matter to memory, and take seconds on fake tensors
-        model = AutoModelForSequenceClassification.from_config(config, **kwargs)
-    model = plan.transform(model)
+    with torch.device("meta"), hf_init.no_init_weights():
+        return plan.transform(AutoModelForSequenceClassification.from_config(config, **kwargs))
+
+
+def to_fake(model, fake_mode):
+    """Swap every meta tensor of the model for a fake CPU tensor of the same shape, dtype and
+    requires_grad; tied weights stay tied. (The transforms run on meta first because
+    `Module.to(dtype)` cannot swap fake parameters.)"""
+    converter, cpu, fakes, params = fake_mode.fake_tensor_converter, torch.device("cpu"), {}, {}
+
+    def fake(t):
+        if id(t) not in fakes:
+            fakes[id(t)] = converter.from_meta_and_device(fake_mode, t.detach(), cpu)
+        return fakes[id(t)]
+
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) not in params:
+                    params[id(p)] = torch.nn.Parameter(fake(p), requires_grad=p.requires_grad)
+                module._parameters[name] = params[id(p)]
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = fake(b)
     model.train()
     return model
 
 
-def build_optimizer(plan, model, profile: HardwareConf):
-    """The optimizer class and parameter groups Trainer.create_optimizer would build."""
+def optimizer_spec(plan, model):
+    """(optimizer class, its kwargs, the TrainingArguments) as Trainer would choose them."""
     from transformers import Trainer, TrainingArguments
 
     keys = ("optim", "optim_args", "learning_rate", "weight_decay")
     args = TrainingArguments(output_dir=tempfile.gettempdir(), use_cpu=True, report_to="none",
                              **{k: plan.args[k] for k in keys if k in plan.args})
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    return cls, kwargs, args
+
+
+def build_optimizer(plan, model, profile: HardwareConf):
+    """The optimizer Trainer.create_optimizer would build: its class, kwargs and parameter groups."""
+    from transformers import Trainer
+
+    cls, kwargs, args = optimizer_spec(plan, model)
     decay = set(Trainer.get_decay_parameter_names(None, model))  # does not use `self`
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
@@ -187,25 +223,30 @@ def fake_batch(model, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]
     ids = torch.zeros(micro_batch, seq_len, dtype=torch.long)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
              "labels": torch.zeros(micro_batch, dtype=torch.long)}
-    if "token_type_ids" in inspect.signature(model.forward).parameters:
+    if getattr(model.config, "type_vocab_size", 0):  # BERT tokenizers return token types, DistilBERT's none
         batch["token_type_ids"] = torch.zeros_like(ids)
     return batch
 
 
-def training_step(model, optimizer, batches, plan, max_grad_norm: float, accumulation: int) -> None:
-    """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step."""
-    dtype = compute_dtype(plan)
-    for batch in batches:
-        with contextlib.ExitStack() as stack:
-            if dtype is not None:
-                stack.enter_context(torch.autocast("cpu", dtype=dtype))
-            for make_context in plan.forward_contexts:
-                stack.enter_context(make_context())
-            loss = model(**batch).loss
-        loss = loss / accumulation
-        if dtype == torch.float16:
-            loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
-        loss.backward()
+def training_step(model, optimizer, batches, plan, max_grad_norm: float, accumulation: int,
+                  around_micro_batches=contextlib.nullcontext) -> None:
+    """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step (its own
+    fp16 autocast on the CPU wraps the whole call, see trainer.py; Accelerate's is in model.forward)."""
+    dtype = plan.autocast_dtype
+    with around_micro_batches():
+        for batch in batches:
+            with contextlib.ExitStack() as stack:
+                if dtype is not None:
+                    stack.enter_context(torch.autocast("cpu", dtype=dtype))
+                for make_context in plan.forward_contexts:
+                    stack.enter_context(make_context())
+                loss = model(**batch).loss
+            loss = loss / accumulation
+            if plan.grad_scaler or plan.args.get("fp16"):
+                loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
+            loss.backward()
+    if optimizer is None:
+        return
     if max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
@@ -221,35 +262,38 @@ def state_bytes(optimizer) -> int:
                for v in s.values() if torch.is_tensor(v))
 
 
-def trace(job: Config, profile: HardwareConf, plan=None) -> dict[str, Any]:
-    """The ledger of one training step of the job on fake tensors (raises Untraceable)."""
+def trace(job: Config, profile: HardwareConf, plan, model) -> dict[str, Any]:
+    """The ledger of one training step of `model` (a meta model, see meta_model) on fake tensors,
+    as LedgerCallback takes it on a real job, and its FLOPs. Raises Untraceable."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     from .measure import CATEGORIES, LedgerTracker
-    from .train_loop import build_plan
 
     started = time.perf_counter()
-    plan = plan or build_plan(job, profile)
     if (reason := untraceable_reason(job, plan)) is not None:
         raise Untraceable(reason)
-    config, source = model_config(job.model, num_labels(job))
+    fake_mode = FakeTensorMode()
+    model = to_fake(model, fake_mode)
+    if (dtype := accelerate_dtype(plan)) is not None:
+        model = autocast_like_accelerate(model, dtype)
     kernels = cuda_kernels() if profile.device == "cuda" else contextlib.nullcontext()
     mb, acc = plan.micro_batch_size, plan.accumulation_steps
-    with torch.random.fork_rng(), FakeTensorMode(), kernels:
-        model = build_model(job, plan, config)
+    with torch.random.fork_rng(), fake_mode, kernels:
         optimizer = build_optimizer(plan, model, profile)
-        max_norm = job.optim.max_grad_norm
-        # Warm-up step (creates the optimizer state, as the real ledger's step 1 does), counting FLOPs.
-        with FlopCounterMode(display=False) as flops:
-            training_step(model, optimizer, [fake_batch(model, mb, job.max_seq_len)], plan, max_norm, acc)
+        # Warm-up, as the real ledger's step 1: one micro-batch and an optimizer step, which leaves the
+        # optimizer state behind. Its FLOPs are counted here: FlopCounterMode must not run inside the
+        # measured step (under checkpointing it keeps recomputed activations alive: a false peak).
+        flops = FlopCounterMode(display=False)
+        training_step(model, optimizer, [fake_batch(model, mb, job.max_seq_len)], plan, job.optim.max_grad_norm,
+                      acc, lambda: flops)
         # The measured step. Micro-batches after the second repeat the second one exactly (all
         # gradients alive, the same activations), so two stand for any number.
         batches = [fake_batch(model, mb, job.max_seq_len) for _ in range(min(acc, 2))]
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, optimizer)
         with tracker:
-            training_step(model, optimizer, batches, plan, max_norm, acc)
+            training_step(model, optimizer, batches, plan, job.optim.max_grad_norm, acc)
         snaps = tracker.get_tracker_snapshot("peak")
         device = max(snaps, key=lambda d: snaps[d]["Total"])
         breakdown = {CATEGORIES[k]: v for k, v in snaps[device].items() if k in CATEGORIES}
@@ -258,7 +302,6 @@ def trace(job: Config, profile: HardwareConf, plan=None) -> dict[str, Any]:
         if breakdown.get("optimizer", 0) > state:
             breakdown["temp"] = breakdown.get("temp", 0) + breakdown["optimizer"] - state
             breakdown["optimizer"] = state
-        params = list(model.parameters())
         return {
             "peak_bytes": snaps[device]["Total"],
             "breakdown": breakdown,
@@ -266,9 +309,356 @@ def trace(job: Config, profile: HardwareConf, plan=None) -> dict[str, Any]:
             "grads_bytes": tracker.category_max.get("Gradient", 0),
             "optimizer_bytes": state,
             "flops_per_step": flops.get_total_flops() * acc,
-            "total_params": sum(p.numel() for p in params),
-            "trainable_params": sum(p.numel() for p in params if p.requires_grad),
             "optimizer": type(optimizer).__name__,
-            "architecture_source": source,
             "seconds": round(time.perf_counter() - started, 2),
         }
+
+
+def count_flops(job: Config, profile: HardwareConf, plan, model) -> int:
+    """FLOPs of a training step's forward and backward (FlopCounterMode on fake tensors), for jobs
+    whose memory cannot be traced: the model without quantization, DeepSpeed or offload."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fake_mode = FakeTensorMode()
+    model = to_fake(model, fake_mode)
+    if (dtype := accelerate_dtype(plan)) is not None:
+        model = autocast_like_accelerate(model, dtype)
+    plan = dataclasses.replace(plan, forward_contexts=[])
+    kernels = cuda_kernels() if profile.device == "cuda" else contextlib.nullcontext()
+    with torch.random.fork_rng(), fake_mode, kernels:
+        flops = FlopCounterMode(display=False)
+        batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len)
+        training_step(model, None, [batch], plan, 0, 1, lambda: flops)
+    return flops.get_total_flops() * plan.accumulation_steps
+
+
+# --- the estimate of a job ------------------------------------------------------------------------
+
+DTYPE_KEYS = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "bf16_true": "bf16"}
+
+
+def capacity_bytes(profile: HardwareConf) -> Optional[int]:
+    if profile.memory_gib is not None:
+        return int(profile.memory_gib * GIB)
+    if profile.device == "cpu":  # the host's memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True) -> dict[str, Any]:
+    """Both estimators for one job on one hardware profile; the trace is the answer where it runs."""
+    from .plan import Plan
+    from .techniques import apply_all
+
+    started = time.perf_counter()
+    plan = Plan(device=profile.device)
+    apply_all(job, plan, job)
+    config, source = model_config(job.model, num_labels(job))
+    model = meta_model(job, plan, config)
+    inv = formula.inventory(model, job)
+    _, optim_kwargs, _ = optimizer_spec(plan, model)
+    closed = formula.closed_form(inv, config, job, profile, plan.micro_batch_size, plan.accumulation_steps,
+                                 optim_kwargs)
+    traced, reason = None, None
+    if trace_enabled:
+        try:
+            traced = trace(job, profile, plan, model)
+        except Untraceable as exc:
+            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - the closed form still answers; say why
+            reason = f"the trace failed: {type(exc).__name__}: {str(exc)[:300]}"
+    else:
+        reason = "trace disabled"
+    chosen = traced or closed
+    flops, flops_source = chosen["flops_per_step"], "FlopCounterMode"
+    if traced is None:
+        try:
+            flops = count_flops(job, profile, plan, meta_model(job, plan, config))
+        except Exception:  # noqa: BLE001 - fall back to the matmul count of the closed form
+            flops_source = "closed_form"
+
+    overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
+    total = chosen["peak_bytes"] + overhead
+    capacity = capacity_bytes(profile)
+    key = DTYPE_KEYS[PrecisionName(job.precision.name).value]
+    tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
+    trainable = sum(t.numel for t in inv.params if t.trainable)
+    breakdown = dict(chosen["breakdown"])
+    breakdown["overhead"] = overhead
+    return {
+        "method": "trace" if traced else "closed_form",
+        "method_reason": reason,
+        "hardware": profile.name,
+        "device": profile.device,
+        "micro_batch_size": plan.micro_batch_size,
+        "accumulation_steps": plan.accumulation_steps,
+        "seq_len": job.max_seq_len,
+        "peak_bytes": chosen["peak_bytes"],  # the device peak, as results.json memory.peak_bytes
+        "overhead_bytes": overhead,  # the profile's CUDA context
+        "total_bytes": total,
+        "breakdown": breakdown,
+        "activations_bytes": chosen["activations_bytes"],
+        "grads_bytes": chosen["grads_bytes"],
+        "optimizer_bytes": chosen["optimizer_bytes"],
+        "capacity_bytes": capacity,
+        "fits": None if capacity is None else total <= capacity,
+        "margin_bytes": None if capacity is None else capacity - total,
+        "flops_per_step": flops,
+        "flops_source": flops_source,
+        "compute_dtype": key,
+        "peak_tflops": tflops,
+        # FLOPs at the profile's peak matmul rate: a lower bound on the time of a step
+        "step_time_s": flops / (tflops * 1e12) if tflops else None,
+        "trace": traced,
+        "closed_form": {k: v for k, v in closed.items() if k != "activations_per_layer"},
+        "closed_form_vs_trace_pct": (None if traced is None else
+                                     round(100 * (closed["peak_bytes"] - traced["peak_bytes"]) / traced["peak_bytes"], 2)),
+        "total_params": sum(t.numel for t in inv.params),
+        "trainable_params": trainable,
+        "architecture_source": source,
+        "notes": closed["notes"] + notes_for(job, profile),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def notes_for(job: Config, profile: HardwareConf) -> list[str]:
+    notes = []
+    if job.compile.enabled:
+        notes.append("compile=on is estimated as eager execution")
+    if job.distributed.nproc > 1 and job.deepspeed.stage is None and job.fsdp.strategy is None:
+        notes.append("per process; DDP's gradient buckets are not included")
+    if profile.device == "cuda":
+        notes.append("CUDA: traced with the GPU's dropout and memory-efficient SDPA kernels on the CPU; the "
+                     "caching allocator's reserve above the allocated peak is not included")
+    return notes
+
+
+# --- what job.py, the sweep report and autofit call -------------------------------------------------
+
+def check_rules(job: Config, profile: HardwareConf) -> None:
+    """rules.check, except the one refusing a GPU profile on a machine without one: an estimate needs none."""
+    for rule in rules.RULES:
+        if rule.name != "no-gpu" and rule.refuses(job, profile):
+            raise Unsupported(f"{rule.name}: {rule.reason}")
+
+
+def for_job(job: Config, profile: HardwareConf) -> dict[str, Any]:
+    """The estimate stored with a real job's results (res["estimate"]). Never raises: a job must
+    not fail because its estimate did; the error is recorded instead."""
+    try:
+        return estimate_job(job, profile)
+    except Exception as exc:  # noqa: BLE001
+        return {"method": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}", "peak_bytes": None}
+
+
+def run_estimate(cfg_or_job, profile: HardwareConf, job_dir: Path) -> dict[str, Any]:
+    """mode=estimate for one job: check the rules (all but no-gpu), estimate, write estimate.json,
+    print a summary line. Raises Unsupported as rules.check does."""
+    from omegaconf import DictConfig, OmegaConf
+
+    job = OmegaConf.to_object(cfg_or_job) if isinstance(cfg_or_job, DictConfig) else cfg_or_job
+    check_rules(job, profile)
+    est = estimate_job(job, profile)
+    write_json(Path(job_dir) / ESTIMATE_FILE, est)
+    print(summary_line(est), flush=True)
+    return est
+
+
+def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[int, int]:
+    """The largest micro-batch whose estimated total fits the profile's capacity (less `headroom`, a
+    fraction of it), with the accumulation steps that keep the effective batch_size.
+
+    Micro-batches divide batch_size / nproc. Without accumulation no gradients are alive during the
+    forward; with it they are (from the previous micro-batch), so the whole batch is tried first and
+    the smaller micro-batches, whose memory grows with their size, by bisection.
+    """
+    capacity = capacity_bytes(profile)
+    per_process = job.batch_size // job.distributed.nproc
+    if capacity is None:
+        return per_process, 1
+    budget = capacity * (1 - headroom)
+
+    def fits(micro: int) -> bool:
+        steps = per_process // micro
+        trial = dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, steps=steps,
+                                                                          name=f"x{steps}"))
+        return estimate_job(trial, profile)["total_bytes"] <= budget
+
+    if fits(per_process):
+        return per_process, 1
+    candidates = [m for m in range(1, per_process) if per_process % m == 0]
+    if not candidates or not fits(candidates[0]):
+        raise Unsupported(f"autofit: even micro-batch 1 does not fit {profile.name} "
+                          f"({capacity / GIB:.2f} GiB, headroom {headroom:.0%})")
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:  # candidates[lo] fits
+        mid = (lo + hi + 1) // 2
+        if fits(candidates[mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return candidates[lo], per_process // candidates[lo]
+
+
+def compare(res: dict[str, Any]) -> dict[str, Any]:
+    """Predicted vs measured peak of a real job's results (for the sweep summary): the estimate's
+    peak, the trace's and the closed form's, and each one's error in % of memory.peak_bytes."""
+    est = res.get("estimate") or {}
+    measured = (res.get("memory") or {}).get("peak_bytes")
+
+    def err(pred):
+        return None if not pred or not measured else round(100 * (pred - measured) / measured, 2)
+
+    trace_peak = (est.get("trace") or {}).get("peak_bytes")
+    closed_peak = (est.get("closed_form") or {}).get("peak_bytes")
+    return {"measured_peak_bytes": measured, "estimate_peak_bytes": est.get("peak_bytes"),
+            "estimate_method": est.get("method"), "estimate_error_pct": err(est.get("peak_bytes")),
+            "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak),
+            "closed_form_peak_bytes": closed_peak, "closed_form_error_pct": err(closed_peak)}
+
+
+# --- files and tables ---------------------------------------------------------------------------------
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    from . import results
+
+    results.write(path, data)  # atomic, as results.json
+
+
+def _gib(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / GIB:.2f}"
+
+
+def summary_line(est: dict[str, Any]) -> str:
+    fits = {True: "fits", False: "DOES NOT FIT", None: "capacity unknown"}[est["fits"]]
+    time_s = "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f} ms/step at peak"
+    return (f"[memsweep] estimate ({est['method']}) on {est['hardware']}: {_gib(est['total_bytes'])} GiB of "
+            f"{_gib(est['capacity_bytes'])} GiB, {fits}; {est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}")
+
+
+TABLE_PARTS = ("params", "grads", "optimizer", "activations", "temp", "overhead")
+
+
+def sweep_table(rows: list[tuple[list[str], Optional[dict[str, Any]], Optional[str]]]) -> str:
+    """Markdown table of a sweep's estimates: (overrides, estimate or None, status/reason if none)."""
+    split = [dict(o.split("=", 1) for o in overrides if "=" in o) for overrides, _, _ in rows]
+    keys = [k for k in dict.fromkeys(k for d in split for k in d) if len({d.get(k) for d in split}) > 1 or len(rows) == 1]
+    head = ["#", *keys, "method", "total GiB", *[f"{p}" for p in TABLE_PARTS], "capacity GiB", "fits", "margin GiB",
+            "closed form GiB", "closed vs trace", "TFLOP/step", "ms/step at peak"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, ((overrides, est, status), values) in enumerate(zip(rows, split)):
+        cells = [str(n), *[values.get(k, "") for k in keys]]
+        if est is None:
+            cells += [status or "missing"] + [""] * (len(head) - len(cells) - 1)
+        else:
+            bd = est["breakdown"]
+            other = bd.get("temp", 0) + bd.get("buffers", 0) + bd.get("other", 0)
+            parts = {**bd, "temp": other}
+            diff = est.get("closed_form_vs_trace_pct")
+            cells += [est["method"], _gib(est["total_bytes"]), *[_gib(parts.get(p, 0)) for p in TABLE_PARTS],
+                      _gib(est["capacity_bytes"]),
+                      {True: "yes", False: "**no**", None: "?"}[est["fits"]], _gib(est["margin_bytes"]),
+                      _gib(est["closed_form"]["peak_bytes"] + est["overhead_bytes"]),
+                      "-" if diff is None else f"{diff:+.1f}%", f"{est['flops_per_step'] / 1e12:.2f}",
+                      "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = sorted({f"{est['method']}: {est['method_reason']}" for _, est, _ in rows
+                    if est is not None and est["method_reason"]})
+    return "\n".join(lines + [""] + [f"- {note}" for note in notes]) + "\n"
+
+
+def write_sweep_table(sweep_dir: Path) -> Path:
+    """estimate.md of a sweep dir, from its jobs' estimate.json (or results.json with an estimate)."""
+    from . import results
+
+    sweep_dir = Path(sweep_dir)
+    rows = []
+    for job_dir in sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
+        res = results.read(job_dir / results.RESULTS_FILE)
+        est_file = job_dir / ESTIMATE_FILE
+        est = json.loads(est_file.read_text()) if est_file.exists() else (res or {}).get("estimate")
+        overrides = (res or {}).get("overrides") or _overrides_of(job_dir)
+        outcome = res or (json.loads((job_dir / "status.json").read_text()) if (job_dir / "status.json").exists()
+                          else None)  # status.json: a job the CLI could not estimate
+        status = None if est else (f"{outcome['status']}: {outcome['reason']}" if outcome else "missing")
+        rows.append((overrides, est if est and est.get("method") else None, status))
+    path = sweep_dir / SWEEP_TABLE
+    path.write_text(f"# Estimates: {sweep_dir}\n\n" + sweep_table(rows))
+    return path
+
+
+def _overrides_of(job_dir: Path) -> list[str]:
+    overrides = job_dir / ".hydra" / "overrides.yaml"
+    if overrides.exists():
+        from omegaconf import OmegaConf
+
+        return list(OmegaConf.load(overrides))
+    note = job_dir / "overrides.json"
+    return json.loads(note.read_text()) if note.exists() else []
+
+
+# --- CLI ---------------------------------------------------------------------------------------------
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """A sweep's jobs from its overrides, by Hydra's own basic sweeper (`a=1,2 b=x,y`: 4 jobs)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def compose(overrides: list[str]) -> Config:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from .schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_object(cfg)
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+
+    from . import hardware
+
+    parser = argparse.ArgumentParser(prog="python -m memsweep.estimate",
+                                     description="Estimate the peak memory, FLOPs and step time of a job or a "
+                                                 "sweep grid offline (no training, no weights, no GPU).")
+    parser.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with train.py; "
+                        "comma-separated values always make a grid")
+    parser.add_argument("--out", type=Path, default=None, help="sweep dir (default estimates/<date>/<time>)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from config files and keys, never the hub
+    out = args.out or Path("estimates") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    started = time.perf_counter()
+    jobs = expand(args.overrides)
+    for n, overrides in enumerate(jobs):
+        job_dir = out / str(n)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / "overrides.json").write_text(json.dumps(overrides))
+        print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
+        try:
+            job = compose(overrides)
+            run_estimate(job, hardware.detect(job.hardware), job_dir)
+        except (Unsupported, ConfigError) as exc:
+            status = "unsupported" if isinstance(exc, Unsupported) else "failed"
+            (job_dir / "status.json").write_text(json.dumps({"status": status, "reason": str(exc)}))
+            print(f"[memsweep] {status}: {exc}", flush=True)
+    table = write_sweep_table(out)
+    print("\n" + table.read_text(), flush=True)
+    print(f"[memsweep] {len(jobs)} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
