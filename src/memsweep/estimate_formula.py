@@ -12,6 +12,7 @@ Peak = the largest of three moments of the measured step (the ledger's step 2: o
   early backward   the same, plus the gradients of the last FFN (grad of its T x intermediate input)
   optimizer step   params + grads + state + the optimizer's temporaries
 """
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -340,27 +341,33 @@ def optimizer_temporaries(inv: Inventory, optim: str, device: str, weight_decay:
     return 0  # sgd (in place), fused AdamW, bitsandbytes (in its own kernels)
 
 
+@dataclass
+class States:
+    """Model and optimizer state bytes per process, and what the optimizer step allocates."""
+    params: int
+    grads: int
+    optimizer: int
+    temp: int  # the optimizer step's temporaries
+    held: int = 0  # further buffers held through forward and backward (DeepSpeed's)
+    at_step: int = 0  # further buffers held at the optimizer step only
+
+
 def closed_form(inv: Inventory, config, job: Config, profile: HardwareConf, micro_batch: int, accumulation: int,
                 optim_kwargs: Optional[dict] = None) -> dict[str, Any]:
     sh = shape_of(config, job, micro_batch)
     pr = Precision.of(job)
     device = profile.device
     optim = job.optim.hf_name.value
-    params = sum(t.nbytes for t in inv.params)
     trainable = [t for t in inv.params if t.trainable]
-    grads = sum(t.numel * t.elem for t in trainable)
-    state = optimizer_state(inv, optim, job.optim.momentum, (optim_kwargs or {}).get("optim_bits"))
-    temp_opt = optimizer_temporaries(inv, optim, device, job.optim.weight_decay)
-    act = activations(inv, sh, pr, job, device)
+    st = States(params=sum(t.nbytes for t in inv.params), grads=sum(t.numel * t.elem for t in trainable),
+                optimizer=optimizer_state(inv, optim, job.optim.momentum, (optim_kwargs or {}).get("optim_bits")),
+                temp=optimizer_temporaries(inv, optim, device, job.optim.weight_decay))
     notes: list[str] = []
-
-    zero = job.deepspeed.stage
-    if zero is not None:
-        params, grads, state, temp_opt, extra = deepspeed_terms(params, grads, state, inv, job, profile, pr, sh)
-        notes.append("DeepSpeed: ZeRO partitions over distributed.nproc processes; fp32 master weights with "
-                     "bf16/fp16; reduce buckets of hidden_size^2 values")
-    else:
-        extra = 0
+    if job.deepspeed.stage is not None:
+        st, pr = deepspeed_states(st, inv, job, profile, pr)
+        notes.append("DeepSpeed (closed form only): ZeRO's per-process states with DeepSpeed's flat fp32 "
+                     "buffers; checked on one CPU process, not on GPUs or several processes")
+    act = activations(inv, sh, pr, job, device)
     if job.offload.activations and device == "cuda":
         # save_on_cpu: saved tensors go to host memory; a layer's working set stays on the device
         per_layer = sum(act["per_layer"].values())
@@ -368,58 +375,64 @@ def closed_form(inv: Inventory, config, job: Config, profile: HardwareConf, micr
         notes.append("offload=activations: saved tensors counted in host memory, not on the device")
 
     buffers = inv.buffers_bytes
-    grads_alive = grads if accumulation > 1 else 0  # earlier micro-batches' gradients
-    base = params + buffers + state + extra
+    grads_alive = st.grads if accumulation > 1 else 0  # earlier micro-batches' gradients
+    base = st.params + buffers + st.optimizer + st.held
     moments = {name: base + grads_alive + value for name, value in act["moments"].items()}
-    moments["optimizer step"] = base + grads + temp_opt
+    moments["optimizer step"] = base + st.grads + st.at_step + st.temp
     phase = max(moments, key=moments.get)
-    peak = moments[phase]
     if phase == "optimizer step":
-        breakdown = {"params": params, "buffers": buffers, "grads": grads, "optimizer": state + extra,
-                     "activations": 0, "temp": temp_opt}
+        breakdown = {"params": st.params, "buffers": buffers, "grads": st.grads, "optimizer": st.optimizer,
+                     "activations": 0, "temp": st.temp + st.held + st.at_step}
     else:
-        breakdown = {"params": params, "buffers": buffers, "grads": grads_alive, "optimizer": state + extra,
-                     "activations": act["moments"][phase], "temp": 0}
+        breakdown = {"params": st.params, "buffers": buffers, "grads": grads_alive, "optimizer": st.optimizer,
+                     "activations": act["moments"][phase], "temp": st.held}
     return {
-        "peak_bytes": peak,
+        "peak_bytes": moments[phase],
         "breakdown": breakdown,
         "phase": phase,
         "moments": moments,
         "activations_bytes": act["saved"],
         "activations_per_layer": act["per_layer"],
-        "grads_bytes": grads,
-        "optimizer_bytes": state,
-        "optimizer_temp_bytes": temp_opt,
+        "grads_bytes": st.grads,
+        "optimizer_bytes": st.optimizer,
+        "optimizer_temp_bytes": st.temp,
         "flops_per_step": flops(inv, sh, job) * accumulation,
         "notes": notes,
     }
 
 
-def deepspeed_terms(params: int, grads: int, state: int, inv: Inventory, job: Config, profile: HardwareConf,
-                    pr: Precision, sh: Shape):
-    """ZeRO stage 0-3 with optimizer/parameter offload, per process."""
-    n = max(1, job.distributed.nproc)
-    stage = job.deepspeed.stage
-    values = sum(t.numel for t in inv.params)
-    trainable = sum(t.numel for t in inv.params if t.trainable)
+def deepspeed_states(st: States, inv: Inventory, job: Config, profile: HardwareConf,
+                     pr: Precision) -> tuple[States, Precision]:
+    """ZeRO stage 0-3 per process (N = distributed.nproc): stage >= 1 partitions the optimizer state and
+    its fp32 master weights, >= 2 the gradients, 3 the weights. DeepSpeed steps the client optimizer
+    on one flat fp32 partition, so a single-tensor AdamW's two temporaries span all of it (a foreach
+    one on a GPU: one). With bf16/fp16 DeepSpeed casts the model itself: weights, gradients and
+    activations are 16-bit (no autocast), the fp32 master weights live with the optimizer."""
+    n, stage = max(1, job.distributed.nproc), job.deepspeed.stage
+    psi = sum(t.numel for t in inv.params if t.trainable)
+    every = sum(t.numel for t in inv.params)
     mixed = pr.autocast
-    on_host = profile.device == "cpu"  # offloading to the host changes nothing when the device is the host
-    if mixed:  # 16-bit weights and gradients; fp32 master weights live with the optimizer state
-        params, grads = values * 2, trainable * 2
-        state = state + trainable * 4
-    if stage >= 1:
-        state //= n
-    if stage >= 2:
-        grads //= n
-    if stage >= 3:
-        params //= n
-    if job.deepspeed.offload_optimizer and not on_host:
-        state = 0
-    if job.deepspeed.offload_param and stage >= 3 and not on_host:
-        params = 0
-    bucket = sh.hidden * sh.hidden * (2 if mixed else 4)  # "auto" reduce / prefetch bucket sizes
-    extra = bucket * (2 if stage >= 3 else 1) + (trainable * 4 // n if mixed and stage >= 1 else 0)
-    return params, grads, state, 0, extra
+    if not mixed and stage == 0:
+        return st, pr  # plain fp32 training under the engine
+    n1, n2, n3 = (n if stage >= k else 1 for k in (1, 2, 3))
+    flat = (4 * psi) // n1  # the flat fp32 partition the optimizer steps
+    temp = flat if profile.device == "cuda" else 2 * flat
+    off_host = profile.device != "cpu"  # offloading to the host changes nothing when the device is the host
+    offload_opt = job.deepspeed.offload_optimizer and off_host
+    if mixed:
+        # the fp32 master weights: measured (one CPU process) to count at the optimizer step only
+        states = States(params=2 * every // n3, grads=2 * psi // n2, optimizer=st.optimizer // n1, temp=temp,
+                        at_step=flat)
+        pr = Precision(param=2, hidden=2, matmul=2, autocast=False)
+    else:
+        states = States(params=4 * every // n3, grads=4 * psi // n2, optimizer=st.optimizer // n1, temp=temp,
+                        held=(4 * psi) // n2 if stage >= 2 else 0,  # the fp32 gradient partition, from backward on
+                        at_step=4 * psi if stage == 1 else 0)  # stage 1: the flat gradient copy
+    if offload_opt:  # the optimizer state, master weights and their step run on the host
+        states = dataclasses.replace(states, optimizer=0, temp=0, at_step=0 if mixed else states.at_step)
+    if job.deepspeed.offload_param and stage >= 3 and off_host:
+        states = dataclasses.replace(states, params=0)
+    return states, pr
 
 
 def flops(inv: Inventory, sh: Shape, job: Config) -> int:
