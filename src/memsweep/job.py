@@ -116,11 +116,11 @@ def print_summary(res: dict[str, Any], job_dir: Path) -> None:
     lines = [f"[memsweep] {name}: {res['status']}" + (f" ({res['reason']})" if res["reason"] else "")]
     if res["status"] == "ok":
         lines.append(f"  F1 {m['f1']:.4f}  accuracy {m['accuracy']:.4f}  train loss {m['train_loss']:.4f}")
-        lines.append(f"  peak {_mib(mem['peak_bytes'])} = params {_mib(mem['params_bytes'])} + grads "
-                     f"{_mib(mem['grads_bytes'])} + optimizer {_mib(mem['optimizer_bytes'])} + activations "
-                     f"{_mib((mem['peak_breakdown'] or {}).get('activations'))} + temporaries "
-                     f"{_mib(mem['temp_bytes'])} (step {mem['ledger_step']}, padded to {mem['ledger_seq_len']})")
-        lines.append(f"  activations at their own maximum {_mib(mem['activations_bytes'])}")
+        at_peak = mem["peak_breakdown"] or {}
+        lines.append(f"  peak {_mib(mem['peak_bytes'])} = " + " + ".join(
+            f"{name} {_mib(at_peak.get(name, 0))}" for name in ("params", "grads", "optimizer", "activations", "temp"))
+            + f" + other (step {mem['ledger_step']}, padded to {mem['ledger_seq_len']})")
+        lines.append(f"  gradients {_mib(mem['grads_bytes'])}, held for backward {_mib(mem['activations_bytes'])}")
         lines.append(f"  train {t['train_s']:.1f} s, {t['samples_per_s']:.1f} samples/s, "
                      f"{t['tokens_per_s']:.0f} tokens/s; total {t['total_s']:.1f} s")
     lines.append(f"  results: {job_dir / results.RESULTS_FILE}")
