@@ -8,10 +8,12 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
     from memsweep.job import run  # imported here so `--help` and `--cfg job` answer fast
+    from memsweep.search import objective
 
-    run(cfg)
+    # The return value is what a hyperparameter sweeper (hparams_search=optuna) maximises.
+    return objective(run(cfg), cfg.search)
 
 
 if __name__ == "__main__":

@@ -246,6 +246,14 @@ class ReportConf:
 
 
 @dataclass
+class SearchConf:
+    # hparams_search=optuna maximises this results.json metric...
+    metric: str = "f1"
+    # ...among jobs whose measured peak stays under this budget (GiB); the others are failed trials.
+    max_peak_gib: Optional[float] = None
+
+
+@dataclass
 class DistributedConf:
     nproc: int = 1
     backend: str = "auto"  # auto = gloo on CPU, nccl on GPU
@@ -273,6 +281,7 @@ class Config:
     measure: MeasureConf = field(default_factory=MeasureConf)
     report: ReportConf = field(default_factory=ReportConf)
     distributed: DistributedConf = field(default_factory=DistributedConf)
+    search: SearchConf = field(default_factory=SearchConf)
 
     seed: int = 42
     batch_size: int = 32  # effective: micro-batch x accumulation steps x processes
