@@ -7,7 +7,7 @@ written into the test.
 import json
 
 import pytest
-from conftest import compose_config, run_job
+from conftest import compose_config
 from omegaconf import OmegaConf
 
 from memsweep import estimate, hardware
@@ -15,7 +15,7 @@ from memsweep.errors import Unsupported
 
 # Tiny model, two optimizer steps; the ledger's step is padded to 128 tokens so that activations
 # outweigh the optimizer step in some rows and not in others.
-BASE = ["model=tiny", "data.train_size=32", "data.eval_size=16", "logger=none", "threads=2", "max_steps=2",
+BASE = ["model=tiny", "data.train_size=32", "data.eval_size=16", "logger=none", "threads=1", "max_steps=2",
         "batch_size=16", "max_seq_len=128"]
 GRID = [[f"precision={p}", f"optim={o}", f"checkpointing={c}"]
         for p in ("fp32", "bf16") for o in ("adamw", "sgd") for c in ("none", "full")]
@@ -31,12 +31,16 @@ def job_of(overrides):
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """(overrides, real results, estimate) for every row: the real job runs first, then its estimate."""
+    from memsweep.job import run
+
     rows = []
     for n, overrides in enumerate(GRID + [FALLBACK]):
-        res = run_job(BASE + overrides, tmp_path_factory.mktemp("grid") / str(n))
+        cfg = compose_config(BASE + overrides, tmp_path_factory.mktemp("grid") / str(n))
+        job = OmegaConf.to_object(cfg)
+        est = estimate.for_job(job, hardware.detect(job.hardware))  # where job.py would call it: before training
+        res = run(cfg)
         assert res["status"] == "ok", res["reason"]
-        job, profile = job_of(BASE + overrides)
-        res["estimate"] = estimate.for_job(job, profile)
+        res["estimate"] = est
         rows.append((overrides, res))
     print("\n| config | measured MiB | trace MiB | trace err | closed form MiB | closed err | closed-form phase |")
     print("|---|---|---|---|---|---|---|")
