@@ -284,12 +284,16 @@ def activations(inv: Inventory, sh: Shape, pr: Precision, job: Config, device: s
         moments["backward: recompute attention"] = recomputed - after_attention + attn
         moments["backward: recompute layernorm"] = recomputed + last_ln
         moments["backward: last FFN"] = recomputed + ffn_grad
+        # the first layer, last in backward: only its own input and the embeddings' tensors remain
+        first_layer = emb + T * h * pr.hidden + sh.micro_batch * sh.seq_len ** 2 + incoming + per_layer \
+            + layer_weights + ffn_grad
     else:
         saved = head
         moments["forward end"] = saved
     if n_recording < sh.layers:  # layers running without autograd: only their working set
         moments["forward: frozen layer"] = emb + attention_transient(sh, pr, device, attention, recording=False)
-    return {"saved": saved, "moments": moments, "per_layer": layer}
+    return {"saved": saved, "moments": moments, "per_layer": layer,
+            "first_layer": first_layer if job.checkpointing.enabled and n_recording else None}
 
 
 def optimizer_state(inv: Inventory, optim: str, momentum: float, optim_bits: Optional[int]) -> int:
@@ -377,15 +381,23 @@ def closed_form(inv: Inventory, config, job: Config, profile: HardwareConf, micr
     buffers = inv.buffers_bytes
     grads_alive = st.grads if accumulation > 1 else 0  # earlier micro-batches' gradients
     base = st.params + buffers + st.optimizer + st.held
-    moments = {name: base + grads_alive + value for name, value in act["moments"].items()}
-    moments["optimizer step"] = base + st.grads + st.at_step + st.temp
+    # each moment as (gradients alive, activations, temporaries) on top of the weights and state
+    parts = {name: (grads_alive, value, 0) for name, value in act["moments"].items()}
+    parts["optimizer step"] = (st.grads, 0, st.temp + st.at_step)
+    if act["first_layer"] is not None and accumulation == 1:
+        # recomputing the first layer, with the gradients of every layer above it and of the head made
+        above = sum(t.numel * t.elem for t in trainable
+                    if (t.layer or 0) > 0 or (t.layer is None and "embeddings" not in t.name))
+        parts["backward: first layer"] = (above, act["first_layer"], 0)
+    if accumulation > 1 and trainable:
+        # a later micro-batch's gradient of the largest parameter (the word embeddings) is made whole,
+        # then added into the .grad already there
+        parts["backward: accumulate"] = (st.grads, 0, max(t.numel * t.elem for t in trainable))
+    moments = {name: base + sum(p) for name, p in parts.items()}
     phase = max(moments, key=moments.get)
-    if phase == "optimizer step":
-        breakdown = {"params": st.params, "buffers": buffers, "grads": st.grads, "optimizer": st.optimizer,
-                     "activations": 0, "temp": st.temp + st.held + st.at_step}
-    else:
-        breakdown = {"params": st.params, "buffers": buffers, "grads": grads_alive, "optimizer": st.optimizer,
-                     "activations": act["moments"][phase], "temp": st.held}
+    grads_at, act_at, temp_at = parts[phase]
+    breakdown = {"params": st.params, "buffers": buffers, "grads": grads_at, "optimizer": st.optimizer,
+                 "activations": act_at, "temp": temp_at + st.held}
     return {
         "peak_bytes": moments[phase],
         "breakdown": breakdown,
