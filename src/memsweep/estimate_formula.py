@@ -2,15 +2,18 @@
 
 Inputs are the parameter inventory of the job's model (built on the meta device with the plan's
 transforms: exact counts, dtypes, what is frozen or LoRA) and the architecture's hyperparameters.
-Every term below names the tensors it stands for; each was read off PyTorch's saved tensors for a
-BERT layer (fp32, autocast, CPU and CUDA kernels) and is checked against the trace in
-tests/test_estimate.py.
+Every term below names the tensors it stands for; each was read off PyTorch's saved tensors and
+allocation timeline for a BERT layer (fp32, autocast, CPU and CUDA kernels), and the whole is
+checked against the trace and against real jobs in tests/test_estimate.py.
 
-Peak = the largest of three moments of the measured step (the ledger's step 2: optimizer state exists):
-  forward end   params + state + [grads of earlier micro-batches] + activations + the last
-                layer's transient output
-  early backward   the same, plus the gradients of the last FFN (grad of its T x intermediate input)
-  optimizer step   params + grads + state + the optimizer's temporaries
+Peak = the largest of the moments of the measured step (the ledger's step 2: optimizer state
+exists), each = weights + buffers + optimizer state + what is alive then:
+  forward   the last layer's attention (its transients) or its final LayerNorm (the last dropout
+            output), with every saved activation; [gradients of earlier micro-batches]
+  backward  the last FFN's gradients while its saved tensors are held; with checkpointing the
+            recomputed last layer, and the first layer with every gradient above it made; with
+            accumulation, a micro-batch's embedding gradient before it is added into .grad
+  optimizer step   + all gradients + the optimizer's temporaries
 """
 import dataclasses
 import math
