@@ -550,7 +550,7 @@ def sweep_table(rows: list[tuple[list[str], Optional[dict[str, Any]], Optional[s
     for n, ((overrides, est, status), values) in enumerate(zip(rows, split)):
         cells = [str(n), *[values.get(k, "") for k in keys]]
         if est is None:
-            cells += [status or "missing"] + [""] * (len(head) - len(cells) - 1)
+            cells += [" ".join((status or "missing").split())] + [""] * (len(head) - len(cells) - 1)
         else:
             bd = est["breakdown"]
             other = bd.get("temp", 0) + bd.get("buffers", 0) + bd.get("other", 0)
@@ -635,29 +635,33 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                  "sweep grid offline (no training, no weights, no GPU).")
     parser.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with train.py; "
                         "comma-separated values always make a grid")
-    parser.add_argument("--out", type=Path, default=None, help="sweep dir (default estimates/<date>/<time>)")
+    parser.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/estimate/<date>/<time>)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from config files and keys, never the hub
-    out = args.out or Path("estimates") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    out = args.out or Path("outputs/estimate") / time.strftime("%Y-%m-%d/%H-%M-%S")
     started = time.perf_counter()
     jobs = expand(args.overrides)
+    failed = 0
     for n, overrides in enumerate(jobs):
         job_dir = out / str(n)
         job_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (ESTIMATE_FILE, "status.json"):  # from an earlier run into the same dir
+            (job_dir / stale).unlink(missing_ok=True)
         (job_dir / "overrides.json").write_text(json.dumps(overrides))
         print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
         try:
             job = compose(overrides)
             run_estimate(job, hardware.detect(job.hardware), job_dir)
-        except (Unsupported, ConfigError) as exc:
+        except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
             status = "unsupported" if isinstance(exc, Unsupported) else "failed"
-            (job_dir / "status.json").write_text(json.dumps({"status": status, "reason": str(exc)}))
+            failed += status == "failed"
+            (job_dir / "status.json").write_text(json.dumps({"status": status, "reason": str(exc)[:500]}))
             print(f"[memsweep] {status}: {exc}", flush=True)
     table = write_sweep_table(out)
     print("\n" + table.read_text(), flush=True)
     print(f"[memsweep] {len(jobs)} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
