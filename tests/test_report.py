@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 from omegaconf import OmegaConf
-from wandb_records import find_run_file, run_contents
+from wandb_records import find_run_file, run_contents, wait_for_run
 
 from memsweep import report, results
 from memsweep.callbacks import SweepReport
@@ -219,7 +219,7 @@ def test_wandb_summary_run_holds_the_table_and_both_plots(sweep):
     summary = report.build(sweep)
     report.write(summary)
     run_dir = report.log_to_wandb(summary, LoggerConf(), group="my_sweep")
-    run = run_contents(find_run_file(sweep))
+    run = wait_for_run(next(run_dir.glob("run-*.wandb")))  # this run's own file, not the newest by name
     assert run_dir.parent == sweep / "wandb"
     assert run["run"].job_type == "summary" and run["run"].run_group == "my_sweep"
     assert run["summary"]["jobs.ok"] == 3 and run["summary"]["jobs.missing"] == 2

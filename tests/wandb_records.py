@@ -65,3 +65,16 @@ def find_run_file(job_dir: Path) -> Path:
     files = sorted(Path(job_dir).glob("wandb/offline-run-*/run-*.wandb"))
     assert files, f"no offline W&B run under {job_dir}"
     return files[-1]
+
+
+def wait_for_run(path: Path, timeout_s: float = 15.0) -> dict:
+    """run_contents once the run record is on disk: wandb-core writes the file from its own process,
+    and `finish()` returning has been seen to precede the record by a moment."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        contents = run_contents(path)
+        if contents["run"] is not None or time.monotonic() > deadline:
+            return contents
+        time.sleep(0.2)

@@ -22,6 +22,11 @@ class SweepReport(Callback):
         from . import report
 
         sweep_dir = str(config.hydra.sweep.dir)
+        if OmegaConf.select(config, "mode") == "estimate":  # estimate.md instead of the measured summary
+            from . import estimate
+
+            print("\n" + estimate.write_sweep_table(Path(sweep_dir)).read_text(), flush=True)
+            return
         summary = report.build(Path(sweep_dir), OmegaConf.select(config, "report.baseline"), strict=False)
         report.write(summary)
         print("\n" + summary.markdown, flush=True)

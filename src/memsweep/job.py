@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import hardware, measure, memcap, results, resume, rules, wandb_log
 from .errors import ConfigError, Diverged, Unsupported
-from .schema import Config
+from .schema import Config, Mode
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -59,6 +59,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         profile = hardware.detect(job.hardware)
         res["hardware"] = asdict(profile)
+        if job.mode == Mode.estimate:  # no training, no weights, no GPU: predicted memory, FLOPs, time
+            from . import estimate
+
+            res["estimate"] = estimate.run_estimate(job, profile, job_dir)  # checks the rules but no-gpu
+            res["status"], res["reason"] = "ok", None
+            return res
         rules.check(job, profile)
         hardware.cap_memory(profile)
         from .train_loop import train_and_evaluate
