@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 from omegaconf import OmegaConf
-from wandb_records import find_run_file, run_contents, wait_for_run
+from wandb_records import wait_for_run
 
 from memsweep import report, results
 from memsweep.callbacks import SweepReport
