@@ -10,7 +10,7 @@ import pytest
 from conftest import compose_config
 from omegaconf import OmegaConf
 
-from memsweep import estimate, hardware
+from memsweep import estimate, hardware, results
 from memsweep.errors import Unsupported
 
 # Tiny model, two optimizer steps; the ledger's step is padded to 128 tokens so that activations
@@ -30,22 +30,19 @@ def job_of(overrides):
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    """(overrides, real results, estimate) for every row: the real job runs first, then its estimate."""
+    """(overrides, real results) for every row: each real job stores its own estimate, made before training."""
     from memsweep.job import run
 
     rows = []
     for n, overrides in enumerate(GRID + [FALLBACK]):
-        cfg = compose_config(BASE + overrides, tmp_path_factory.mktemp("grid") / str(n))
-        job = OmegaConf.to_object(cfg)
-        est = estimate.for_job(job, hardware.detect(job.hardware))  # where job.py would call it: before training
-        res = run(cfg)
+        res = run(compose_config(BASE + overrides, tmp_path_factory.mktemp("grid") / str(n)))
         assert res["status"] == "ok", res["reason"]
-        res["estimate"] = est
+        assert res["estimate"]["peak_bytes"], res["estimate"]
         rows.append((overrides, res))
     print("\n| config | measured MiB | trace MiB | trace err | closed form MiB | closed err | closed-form phase |")
     print("|---|---|---|---|---|---|---|")
     for overrides, res in rows:
-        c = estimate.compare(res)
+        c = results.estimate_vs_measured(res)
         trace = "-" if c["trace_peak_bytes"] is None else f"{c['trace_peak_bytes'] / 2**20:.2f}"
         trace_err = "-" if c["trace_error_pct"] is None else f"{c['trace_error_pct']:+.2f}%"
         print(f"| {' '.join(o.split('=')[1] for o in overrides)} | {c['measured_peak_bytes'] / 2**20:.2f} | {trace} | "
@@ -97,12 +94,12 @@ def test_flops_of_the_trace_agree_with_the_matmul_count(measured):
 
 def test_compare_gives_the_report_its_columns(measured):
     res = measured[0][1]
-    c = estimate.compare(res)
+    c = results.estimate_vs_measured(res)
     assert c["measured_peak_bytes"] == res["memory"]["peak_bytes"]
     assert c["estimate_method"] == "trace" and c["estimate_peak_bytes"] == c["trace_peak_bytes"]
     expected = 100 * (c["closed_form_peak_bytes"] - c["measured_peak_bytes"]) / c["measured_peak_bytes"]
     assert c["closed_form_error_pct"] == pytest.approx(expected, abs=0.01)
-    assert estimate.compare({"memory": {"peak_bytes": None}})["estimate_error_pct"] is None
+    assert results.estimate_vs_measured({"memory": {"peak_bytes": None}})["estimate_error_pct"] is None
 
 
 def test_hub_model_on_a_gpu_profile_offline(tmp_path, capsys):
@@ -170,3 +167,30 @@ def test_an_estimate_that_cannot_be_made_is_recorded_not_raised():
     job, profile = job_of(["model=tiny", "model.architecture=gpt2", "model.source=hub", "model.path=nowhere/gpt2"])
     est = estimate.for_job(job, profile)
     assert est["method"] is None and "gpt2" in est["error"]
+
+
+def test_autofit_runs_the_micro_batch_it_picks_where_the_whole_batch_runs_out_of_memory(tmp_path):
+    from conftest import run_job
+
+    # Long sequences with eager attention: activations grow with the micro-batch and dominate. The CPU
+    # profile's memory_gib is a real cap (memcap.py): the whole batch of 64 runs out of memory under it.
+    capped = ["model=tiny", "data.train_size=128", "data.eval_size=32", "logger=none", "threads=2", "max_steps=2",
+              "optim=sgd", "batch_size=64", "max_seq_len=512", "attention=eager", "hardware=cpu",
+              "hardware.memory_gib=0.5"]
+    whole = run_job(capped, tmp_path / "whole")
+    assert whole["status"] == "oom", whole["reason"]
+
+    fitted = run_job(capped + ["autofit=true"], tmp_path / "fitted")
+    assert fitted["status"] == "ok", fitted["reason"]
+    choice, ran = fitted["effective"]["autofit"], fitted["effective"]
+    assert 1 < choice["micro_batch_size"] < 64
+    assert choice["micro_batch_size"] * choice["accumulation_steps"] == 64  # the effective batch is kept
+    # what Trainer really ran, observed on the job
+    assert (ran["micro_batch_size"], ran["accumulation_steps"]) == (choice["micro_batch_size"],
+                                                                    choice["accumulation_steps"])
+    # the largest that fits: the estimate of the next larger micro-batch is over the budget
+    assert fitted["estimate"]["total_bytes"] <= choice["budget_bytes"] == int(0.85 * 0.5 * 2**30)
+    job, profile = job_of(capped + [f"accumulation.steps={choice['accumulation_steps'] // 2}"])
+    assert estimate.estimate_job(job, profile)["total_bytes"] > choice["budget_bytes"]
+    # and the prediction held: measured within 5 % of the stored estimate
+    assert results.estimate_vs_measured(fitted)["estimate_error_pct"] == pytest.approx(0, abs=5)

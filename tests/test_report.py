@@ -19,8 +19,10 @@ GIB = 2**30
 GRID = ["precision=fp32,bf16", "optim=adamw,sgd,adafactor", "model=tiny"]
 
 
-def ok_results(overrides, peak_gib, train_s, f1):
+def ok_results(overrides, peak_gib, train_s, f1, predicted_gib=None):
     res = results.empty(overrides, "0123456789abcdef")
+    if predicted_gib is not None:  # what job.py stores before training (measure.estimate)
+        res["estimate"] = {"method": "trace", "peak_bytes": int(predicted_gib * GIB)}
     peak = int(peak_gib * GIB)
     # the breakdown at the peak sums to the peak: params 1/4, grads 1/4, optimizer 1/4, rest split
     quarter = peak // 4
@@ -56,7 +58,7 @@ def make_sweep(root: Path, outcomes: dict, baseline=None, grid=tuple(GRID)) -> P
         if isinstance(outcome[0], str):  # (status, reason)
             res = results.empty(jobs[num], "0123456789abcdef")
             res["status"], res["reason"] = outcome
-        else:  # (peak GiB, train s, F1)
+        else:  # (peak GiB, train s, F1[, predicted GiB])
             res = ok_results(jobs[num], *outcome)
         results.write(job_dir / "results.json", res)
     return root
@@ -66,7 +68,7 @@ def make_sweep(root: Path, outcomes: dict, baseline=None, grid=tuple(GRID)) -> P
 def sweep(tmp_path):
     # 6 jobs in the grid; 0-2 ok, 3 oom, 4 killed mid-job (dir, no results), 5 never started
     return make_sweep(tmp_path / "sweep", {
-        0: (1.0, 100.0, 0.85),  # precision=fp32 optim=adamw: the baseline
+        0: (1.0, 100.0, 0.85, 1.05),  # precision=fp32 optim=adamw: the baseline; predicted 5 % high
         1: (0.75, 50.0, 0.84),  # fp32 sgd: -25 %, 2x
         2: (0.5, 200.0, 0.86),  # fp32 adafactor: -50 %, 0.5x
         3: ("oom", "RuntimeError: DefaultCPUAllocator: can't allocate memory"),
@@ -114,14 +116,14 @@ def test_the_human_table_compares_each_job_with_the_baseline(sweep):
     header = next(line for line in table if line.startswith("| #"))
     assert [c.strip() for c in header.strip("|").split("|")] == [
         "#", "precision", "optim", "status", "peak GiB", "params", "grads", "optimizer", "activations", "other",
-        "Δ memory", "speed-up", "train s", "samples/s", "F1"]
+        "predicted GiB", "error", "Δ memory", "speed-up", "train s", "samples/s", "F1"]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in table if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
-    assert rows["0"][3:] == ["ok", "1.000", "0.250", "0.250", "0.250", "0.125", "0.125", "baseline", "1.00×",
-                             "100.0", "10.0", "0.850"]
-    assert rows["1"][10:12] == ["-25.0 %", "2.00×"]
-    assert rows["2"][10:12] == ["-50.0 %", "0.50×"]
-    assert rows["3"][3:] == ["oom"] + ["–"] * 11
+    assert rows["0"][3:] == ["ok", "1.000", "0.250", "0.250", "0.250", "0.125", "0.125", "1.050", "+5.0 %",
+                             "baseline", "1.00×", "100.0", "10.0", "0.850"]
+    assert rows["1"][10:14] == ["–", "–", "-25.0 %", "2.00×"]  # no estimate stored: nothing invented
+    assert rows["2"][12:14] == ["-50.0 %", "0.50×"]
+    assert rows["3"][3:] == ["oom"] + ["–"] * 13
 
 
 def test_baseline_by_job_number_or_by_overrides(sweep):

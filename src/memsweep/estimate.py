@@ -501,21 +501,15 @@ def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[
     return candidates[lo], per_process // candidates[lo]
 
 
-def compare(res: dict[str, Any]) -> dict[str, Any]:
-    """Predicted vs measured peak of a real job's results (for the sweep summary): the estimate's
-    peak, the trace's and the closed form's, and each one's error in % of memory.peak_bytes."""
-    est = res.get("estimate") or {}
-    measured = (res.get("memory") or {}).get("peak_bytes")
-
-    def err(pred):
-        return None if not pred or not measured else round(100 * (pred - measured) / measured, 2)
-
-    trace_peak = (est.get("trace") or {}).get("peak_bytes")
-    closed_peak = (est.get("closed_form") or {}).get("peak_bytes")
-    return {"measured_peak_bytes": measured, "estimate_peak_bytes": est.get("peak_bytes"),
-            "estimate_method": est.get("method"), "estimate_error_pct": err(est.get("peak_bytes")),
-            "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak),
-            "closed_form_peak_bytes": closed_peak, "closed_form_error_pct": err(closed_peak)}
+def autofit_job(job: Config, profile: HardwareConf) -> tuple[Config, dict[str, Any]]:
+    """`autofit=true`: the job with the micro-batch autofit chose, and the record of the choice."""
+    micro, steps = autofit(job, profile, headroom=job.autofit_headroom)
+    capacity = capacity_bytes(profile)
+    fitted = dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, name=f"autofit_x{steps}",
+                                                                       steps=steps))
+    return fitted, {"micro_batch_size": micro, "accumulation_steps": steps, "batch_size": job.batch_size,
+                    "requested_accumulation_steps": job.accumulation.steps, "headroom": job.autofit_headroom,
+                    "budget_bytes": None if capacity is None else int(capacity * (1 - job.autofit_headroom))}
 
 
 # --- files and tables ---------------------------------------------------------------------------------

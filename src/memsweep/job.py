@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from . import hardware, measure, memcap, results, resume, rules, wandb_log
+from . import hardware, measure, results, resume, rules, wandb_log
 from .errors import ConfigError, Diverged, Unsupported
 from .schema import Config, Mode
 
@@ -55,7 +55,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     run = wandb_log.start(job.logger, job_dir, group=group, name=",".join(overrides) or "default",
                           job_type="train", config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                           tags=tags)
-    config_error = None
+    config_error, autofit = None, None
     try:
         profile = hardware.detect(job.hardware)
         res["hardware"] = asdict(profile)
@@ -66,11 +66,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             res["status"], res["reason"] = "ok", None
             return res
         rules.check(job, profile)
+        if job.autofit or job.measure.estimate:
+            from . import estimate
+
+            if job.autofit:  # the largest micro-batch the estimator says fits; accumulation keeps batch_size
+                job, autofit = estimate.autofit_job(job, profile)
+            if job.measure.estimate:  # predicted before training, compared with the measured peak after
+                res["estimate"] = estimate.for_job(job, profile)
         hardware.cap_memory(profile)
         from .train_loop import train_and_evaluate
 
-        with memcap.cap_for(profile):  # hardware.memory_gib on a CPU profile: a real OOM (memcap.py)
-            train_and_evaluate(job, profile, job_dir, res, run)
+        train_and_evaluate(job, profile, job_dir, res, run)
         res["status"], res["reason"] = "ok", None
     except Unsupported as exc:
         res["status"], res["reason"] = "unsupported", str(exc)
@@ -87,6 +93,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             (job_dir / "traceback.txt").write_text(traceback.format_exc())
             traceback.print_exc()
     finally:
+        if autofit is not None:
+            res["effective"]["autofit"] = autofit
         res["time"]["total_s"] = round(time.perf_counter() - started, 3)
         res["memory"]["process_peak_rss"] = measure.process_peak_rss()
         res["memory"]["cuda_max_allocated"], res["memory"]["cuda_max_reserved"] = measure.cuda_peaks()
@@ -127,6 +135,11 @@ def print_summary(res: dict[str, Any], job_dir: Path) -> None:
             f"{name} {_mib(at_peak.get(name, 0))}" for name in ("params", "grads", "optimizer", "activations", "temp"))
             + f" + other (step {mem['ledger_step']}, padded to {mem['ledger_seq_len']})")
         lines.append(f"  gradients {_mib(mem['grads_bytes'])}, held for backward {_mib(mem['activations_bytes'])}")
+        predicted = results.estimate_vs_measured(res)
+        if predicted["estimate_peak_bytes"]:
+            error = predicted["estimate_error_pct"]
+            lines.append(f"  predicted peak {_mib(predicted['estimate_peak_bytes'])} ({predicted['estimate_method']})"
+                         + ("" if error is None else f", {error:+.1f} % vs measured"))
         lines.append(f"  train {t['train_s']:.1f} s, {t['samples_per_s']:.1f} samples/s, "
                      f"{t['tokens_per_s']:.0f} tokens/s; total {t['total_s']:.1f} s")
     lines.append(f"  results: {job_dir / results.RESULTS_FILE}")

@@ -1,10 +1,12 @@
 """A real out-of-memory on the CPU, on purpose: cap the job's address space with RLIMIT_AS.
 
-`hardware.memory_gib` on a CPU profile (e.g. `hardware=cpu hardware.memory_gib=0.5`) lets the job map
-that much *more* address space than the process already holds when training starts; past it, the
+`hardware.memory_gib` on a CPU profile (e.g. `hardware=cpu hardware.memory_gib=0.5`) is the capacity of
+an imaginary device that already holds the model: once the job is built, training and evaluation may
+map `memory_gib` minus the model's weights and buffers *more* address space; past it, the
 allocation itself fails (torch: "DefaultCPUAllocator: can't allocate memory", Python: MemoryError),
 which job.py records as `status: oom`. It is the CPU counterpart of the CUDA cap in hardware.py.
 
+Loading (tokenizer threads, memory-mapped datasets) stays outside the cap, as it would stay off a GPU.
 It caps address space, not resident memory, so it over-counts: thread stacks and malloc arenas
 count too. Use it to force and bracket OOMs, not as an exact stand-in for a GPU's capacity.
 Linux only (it reads /proc/self/statm). Native code that aborts on a failed allocation (the Rust
@@ -45,11 +47,18 @@ def cap(extra_bytes: int) -> Iterator[int]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def cap_for(profile: HardwareConf) -> ContextManager:
-    """The cap a resolved hardware profile asks for: only a CPU profile with `memory_gib` set."""
+def cap_for(profile: HardwareConf, held_bytes: int = 0) -> ContextManager:
+    """The cap a resolved hardware profile asks for: only a CPU profile with `memory_gib` set.
+
+    `held_bytes` is what the device already holds (the built model), so the job gets the rest.
+    """
     if profile.device != "cpu" or profile.memory_gib is None:
         return nullcontext()
     if not os.path.exists("/proc/self/statm"):
         warnings.warn("hardware.memory_gib on the CPU needs Linux (/proc); running without a cap")
         return nullcontext()
-    return cap(int(profile.memory_gib * 2**30))
+    room = int(profile.memory_gib * 2**30) - held_bytes
+    if room <= 0:
+        raise MemoryError(f"the model alone ({held_bytes / 2**20:,.0f} MiB) exceeds hardware.memory_gib="
+                          f"{profile.memory_gib}")
+    return cap(room)

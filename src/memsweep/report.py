@@ -211,6 +211,10 @@ def human_table(jobs: list[Job], baseline: Job, varying: list[str]) -> pd.DataFr
         train_s = job.get("time.train_s") if job.ok else None
         row.update(status=job.status, peak_gib=peak / GIB if peak else None)
         row.update({f"{p}_gib": v for p, v in _parts_gib(job).items()})
+        predicted = results.estimate_vs_measured(job.res) if job.ok else {}
+        predicted_peak = predicted.get("estimate_peak_bytes")
+        row.update(predicted_gib=predicted_peak / GIB if predicted_peak else None,
+                   predicted_error_pct=predicted.get("estimate_error_pct"))
         row["delta_memory_pct"] = 100 * (peak - base_peak) / base_peak if peak and base_peak else None
         row["speedup"] = base_train / train_s if train_s and base_train else None
         row.update(train_s=train_s, samples_per_s=job.get("time.samples_per_s") if job.ok else None,
@@ -240,6 +244,8 @@ def markdown(summary_table: pd.DataFrame, jobs: list[Job], baseline: Job, varyin
     shown["peak GiB"] = [_fmt(v, ".3f") for v in t["peak_gib"]]
     for part in PARTS:
         shown[part] = [_fmt(v, ".3f") for v in t[f"{part}_gib"]]
+    shown["predicted GiB"] = [_fmt(v, ".3f") for v in t["predicted_gib"]]
+    shown["error"] = [_fmt(v, "+.1f", " %") for v in t["predicted_error_pct"]]
     shown["Δ memory"] = ["baseline" if n == baseline.num and baseline.ok else _fmt(v, "+.1f", " %")
                          for n, v in zip(t["job"], t["delta_memory_pct"])]
     shown["speed-up"] = [_fmt(v, ".2f", "×") for v in t["speedup"]]
@@ -252,7 +258,8 @@ def markdown(summary_table: pd.DataFrame, jobs: list[Job], baseline: Job, varyin
         lines += [f"Common to every job: `{' '.join(common)}`", ""]
     lines += [f"Baseline: job {baseline.num} (`{' '.join(baseline.overrides) or 'default'}`). "
               "Peak memory and its breakdown (GiB) are the measured ledger at the peak step; "
-              "other = buffers + temporaries. Δ memory and speed-up (train time) are against the baseline.", ""]
+              "other = buffers + temporaries. Predicted = the estimator's peak, made before the job ran "
+              "(error vs the measured peak). Δ memory and speed-up (train time) are against the baseline.", ""]
     lines += [shown.to_markdown(index=False, disable_numparse=True), ""]
     not_ok = [j for j in jobs if not j.ok]
     if not_ok:

@@ -53,6 +53,7 @@ def empty(overrides: list[str], cfg_hash: str) -> dict[str, Any]:
                    "peak_breakdown": None, "ledger_step": None, "ledger_seq_len": None, "device": None,
                    "cuda_max_allocated": None, "cuda_max_reserved": None, "process_peak_rss": None},
         "effective": {},
+        "estimate": None,  # the estimator's prediction, made before training (measure.estimate)
         "data": {},
         "versions": versions(),
     }
@@ -87,3 +88,20 @@ def flatten(results: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+def estimate_vs_measured(res: dict[str, Any]) -> dict[str, Any]:
+    """Predicted vs measured peak of a real job (the sweep summary's columns): the estimate's peak,
+    the trace's and the closed form's, and each one's error in % of memory.peak_bytes."""
+    est = res.get("estimate") or {}
+    measured = (res.get("memory") or {}).get("peak_bytes")
+
+    def err(pred):
+        return None if not pred or not measured else round(100 * (pred - measured) / measured, 2)
+
+    trace_peak = (est.get("trace") or {}).get("peak_bytes")
+    closed_peak = (est.get("closed_form") or {}).get("peak_bytes")
+    return {"measured_peak_bytes": measured, "estimate_peak_bytes": est.get("peak_bytes"),
+            "estimate_method": est.get("method"), "estimate_error_pct": err(est.get("peak_bytes")),
+            "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak),
+            "closed_form_peak_bytes": closed_peak, "closed_form_error_pct": err(closed_peak)}

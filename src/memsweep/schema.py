@@ -238,6 +238,9 @@ class MeasureConf:
     # max_seq_len so the figure does not depend on which examples they hold.
     warmup_steps: int = 1
     ledger: bool = True
+    # Store the estimator's prediction with every real job (results.json "estimate"), so the sweep
+    # summary shows predicted vs measured; a trace costs about a second per job.
+    estimate: bool = True
 
 
 @dataclass
@@ -292,6 +295,12 @@ class Config:
     max_seq_len: int = 64
     mode: Mode = Mode.train
     threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+    # Before training, take the largest micro-batch the estimator says fits the hardware profile and
+    # raise gradient accumulation so batch_size is kept (recorded in effective.autofit)...
+    autofit: bool = False
+    # ...keeping this fraction of the capacity free for what the estimate does not see (the CUDA
+    # allocator's fragmentation; malloc arenas and thread stacks under a CPU memory_gib cap).
+    autofit_headroom: float = 0.15
     # Anything a preset wants to carry (e.g. the ladder's row name) without a schema change.
     tags: dict[str, Any] = field(default_factory=dict)
 

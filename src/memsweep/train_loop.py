@@ -12,6 +12,7 @@ from transformers import DataCollatorWithPadding, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
+from . import memcap
 from . import model as model_mod
 from .errors import Diverged
 from .measure import LedgerCallback, effective, param_bytes
@@ -102,7 +103,10 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: d
     built = None
     try:
         built = build(job, profile, job_dir, run)
-        _train_and_evaluate(built, profile, res, run)
+        model = built.trainer.model
+        held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
+        with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM
+            _train_and_evaluate(built, profile, res, run)
     finally:
         release(built)
 
