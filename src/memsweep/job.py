@@ -42,12 +42,30 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+def outcome(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) of a job that raised `exc`."""
+    if isinstance(exc, Unsupported):
+        return "unsupported", str(exc)
+    if isinstance(exc, Diverged):
+        return "diverged", str(exc)
+    if isinstance(exc, ConfigError):
+        return "failed", f"bad input: {exc}"
+    if is_oom(exc):
+        return "oom", f"{type(exc).__name__}: {str(exc)[:300]}"
+    return "failed", f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Run the composed job; returns its results (also written to <job dir>/results.json)."""
     started = time.perf_counter()
     if (done := resume.skip_if_done(cfg)) is not None:  # a resumed sweep keeps the jobs already done
         return done
     job_dir, overrides, group = hydra_context()
+    if cfg.distributed.nproc > 1:
+        from . import distributed
+
+        if (distributed.task_group() or (0, 1))[0] > 0:  # a Slurm task of a multi-process job, not its rank 0
+            return distributed.run_secondary_task(OmegaConf.to_object(cfg), job_dir)
     res = results.empty(overrides, results.config_hash(cfg))
     measure.reset_cuda_peak()
     job: Config = OmegaConf.to_object(cfg)
@@ -74,22 +92,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if job.measure.estimate:  # predicted before training, compared with the measured peak after
                 res["estimate"] = estimate.for_job(job, profile)
         hardware.cap_memory(profile)
-        from .train_loop import train_and_evaluate
+        if job.distributed.nproc > 1:  # torchrun starts the ranks; rank 0's results come back here
+            from . import distributed
 
-        train_and_evaluate(job, profile, job_dir, res, run)
-        res["status"], res["reason"] = "ok", None
-    except Unsupported as exc:
-        res["status"], res["reason"] = "unsupported", str(exc)
-    except Diverged as exc:
-        res["status"], res["reason"] = "diverged", str(exc)
-    except ConfigError as exc:
-        res["status"], res["reason"] = "failed", f"bad input: {exc}"
-        config_error = exc
-    except Exception as exc:  # noqa: BLE001 - every other error is a `failed` result, not a lost sweep
-        if is_oom(exc):
-            res["status"], res["reason"] = "oom", f"{type(exc).__name__}: {str(exc)[:300]}"
+            distributed.run_ranks(job, job_dir, res)
         else:
-            res["status"], res["reason"] = "failed", f"{type(exc).__name__}: {str(exc)[:500]}"
+            from .train_loop import train_and_evaluate
+
+            train_and_evaluate(job, profile, job_dir, res, run)
+        res["status"], res["reason"] = "ok", None
+    except Exception as exc:  # noqa: BLE001 - every error is a result, not a lost sweep
+        res["status"], res["reason"] = outcome(exc)
+        if isinstance(exc, ConfigError):
+            config_error = exc
+        elif res["status"] == "failed":
             (job_dir / "traceback.txt").write_text(traceback.format_exc())
             traceback.print_exc()
     finally:

@@ -49,6 +49,8 @@ RULES: list[Rule] = [
     Rule("no-gpu", lambda c, hw: hw.device == "cuda" and not _cuda(),
          "this hardware profile is a CUDA GPU and none is visible here; predict it without a GPU with "
          "mode=estimate, or run hardware=cpu"),
+    Rule("nproc-positive", lambda c, hw: c.distributed.nproc < 1,
+         "distributed.nproc is the number of processes of the job: 1 or more"),
     Rule("batch-not-divisible",
          lambda c, hw: c.batch_size % (c.accumulation.steps * c.distributed.nproc) != 0,
          "batch_size must be divisible by accumulation steps x processes (micro-batch = batch_size / both)"),

@@ -258,8 +258,9 @@ class SearchConf:
 
 @dataclass
 class DistributedConf:
+    # Processes (ranks) of one job: torchrun starts them, or the Slurm launcher's tasks_per_node.
     nproc: int = 1
-    backend: str = "auto"  # auto = gloo on CPU, nccl on GPU
+    backend: str = "auto"  # auto = gloo on CPU, nccl on GPU (Accelerate's choice); else TrainingArguments.ddp_backend
 
 
 @dataclass

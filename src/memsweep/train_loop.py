@@ -55,6 +55,10 @@ def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArgume
         data_seed=job.seed,
         use_cpu=plan.device == "cpu",
         include_num_input_tokens_seen="non_padding",
+        # Every trainable parameter takes part in the forward; DDP's search for unused ones costs a
+        # graph traversal per step (ignored without DDP).
+        ddp_find_unused_parameters=False,
+        ddp_backend=None if job.distributed.backend == "auto" else job.distributed.backend,
         **plan.args,
     )
 

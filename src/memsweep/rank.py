@@ -1,0 +1,68 @@
+"""One rank of a multi-process job: `python -m memsweep.rank <job dir>`, started by torchrun (run_ranks),
+or run_rank() in-process in each submitit task of a Slurm job with several tasks.
+
+Every rank builds and trains the same job (Trainer/Accelerate join the process group torchrun set up:
+gloo on the CPU, nccl on GPUs; DDP, DeepSpeed or FSDP shard as configured) and measures its own
+memory ledger. Rank 0 gathers the ranks' ledgers and losses and writes ranks/result.json; job.py
+turns it into the job's results.json.
+"""
+import os
+import sys
+import traceback
+from pathlib import Path
+from statistics import fmean
+
+from . import job as job_mod  # also sets the environment a job runs in (DS_ACCELERATOR, ...)
+from . import hardware, results
+from .distributed import ERROR_FILE, JOB_FILE, RANKS_DIR, RESULT_FILE
+
+
+def load_job(ranks_dir: Path):
+    from omegaconf import OmegaConf
+
+    from .schema import Config
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(ranks_dir / JOB_FILE)))
+
+
+def main(job_dir: Path) -> int:
+    return run_rank(load_job(job_dir / RANKS_DIR), job_dir)
+
+
+def run_rank(job, job_dir: Path) -> int:
+    """Train as rank $RANK of $WORLD_SIZE; 0 on success, 1 after writing this rank's error.json."""
+    import torch.distributed as dist
+
+    from .train_loop import train_and_evaluate
+
+    ranks_dir = job_dir / RANKS_DIR
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank_dir = ranks_dir / f"rank{rank}"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    res = results.empty([], "")
+    try:
+        train_and_evaluate(job, hardware.detect(job.hardware), rank_dir, res, run=None)
+    except Exception as exc:  # noqa: BLE001 - the parent job reports it; torchrun stops the other ranks
+        status, reason = job_mod.outcome(exc)
+        (rank_dir / "traceback.txt").write_text(traceback.format_exc())
+        results.write(rank_dir / ERROR_FILE, {"rank": rank, "status": status, "reason": reason})
+        traceback.print_exc()
+        return 1
+    mine = {"rank": rank, "train_loss": res["metrics"]["train_loss"], "memory": res["memory"],
+            "optimizer_state_bytes": res["effective"].get("optimizer_state_bytes"),
+            "trainable_params_local": res["effective"].get("trainable_params")}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank == 0:
+        # Each rank's loss is the mean over its own micro-batches; their mean is the global batch's.
+        res["metrics"]["train_loss"] = fmean(r["train_loss"] for r in gathered)
+        res["memory"]["per_rank"] = gathered
+        res["effective"].update(world_size=world, backend=dist.get_backend())
+        results.write(ranks_dir / RESULT_FILE, res)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,64 @@
+"""distributed.nproc=2 (issue #6): one job on two CPU processes started by torchrun (gloo), with DDP and
+with DeepSpeed ZeRO-2/3, against the same job on one process.
+
+Dropout off and unbucketed batches: the two ranks then see exactly the two halves of the one-process
+batch, so the losses must match, and ZeRO must leave each rank half the optimizer state.
+"""
+import pytest
+from conftest import run_job
+
+BASE = ["model=tiny", "data.train_size=128", "data.eval_size=64", "logger=none", "threads=1", "max_steps=3",
+        "model.dropout=0", "dataloader.group_by_length=false", "measure.estimate=false"]
+
+
+@pytest.mark.parametrize("sharding, shards_state", [("deepspeed=none", False), ("deepspeed=zero2", True),
+                                                    ("deepspeed=zero3", True)])
+def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(sharding, shards_state, tmp_path):
+    one = run_job(BASE + [sharding], tmp_path / "one")
+    two = run_job(BASE + [sharding, "distributed.nproc=2"], tmp_path / "two")
+    assert one["status"] == two["status"] == "ok", (one["reason"], two["reason"])
+    assert (two["effective"]["world_size"], two["effective"]["backend"]) == (2, "gloo")
+    assert two["effective"]["micro_batch_size"] == one["effective"]["micro_batch_size"] // 2
+    assert two["time"]["optimizer_steps"] == one["time"]["optimizer_steps"] == 3
+    assert two["metrics"]["train_loss"] == pytest.approx(one["metrics"]["train_loss"], rel=1e-4)
+
+    ranks = two["memory"]["per_rank"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    alone = one["effective"]["optimizer_state_bytes"]
+    for r in ranks:
+        assert r["memory"]["peak_bytes"] > 0 and r["memory"]["optimizer_bytes"] == r["optimizer_state_bytes"]
+        if shards_state:  # ZeRO partitions the Adam state: each rank holds half
+            assert r["optimizer_state_bytes"] == pytest.approx(alone / 2, rel=0.02)
+        else:  # DDP replicates it
+            assert r["optimizer_state_bytes"] == alone
+    assert two["memory"]["peak_bytes"] == ranks[0]["memory"]["peak_bytes"]  # the job's figure is rank 0's
+    print(f"\n{sharding}: train loss 1 process {one['metrics']['train_loss']:.6f}, 2 processes "
+          f"{two['metrics']['train_loss']:.6f}; optimizer state 1 process {alone:,} B, per rank "
+          f"{[r['optimizer_state_bytes'] for r in ranks]}; peak per rank {[r['memory']['peak_bytes'] for r in ranks]}")
+
+
+def test_a_rank_that_runs_out_of_memory_makes_the_job_oom_with_its_reason(tmp_path):
+    res = run_job(BASE + ["distributed.nproc=2", "hardware=cpu", "hardware.memory_gib=0.001"], tmp_path / "job")
+    assert res["status"] == "oom" and res["reason"].startswith("MemoryError: rank 0: MemoryError: the model alone")
+    assert (tmp_path / "job" / "results.json").exists()
+
+
+def test_slurm_style_tasks_run_the_ranks_instead_of_torchrun(tmp_path):
+    # submitit's local executor starts tasks_per_node processes as Slurm would (hydra/launcher=slurm sets
+    # tasks_per_node to distributed.nproc); each joins the group as its task's rank, rank 0 writes results.
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from memsweep import results
+
+    sweep = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2",
+                           "distributed.nproc=2", *BASE, f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    res = results.read(sweep / "0" / "results.json")
+    assert res["status"] == "ok", res["reason"]
+    assert res["effective"]["world_size"] == 2 and [r["rank"] for r in res["memory"]["per_rank"]] == [0, 1]
+    assert not (sweep / "0" / "ranks" / "job.yaml").exists()  # no torchrun: the tasks were the ranks
