@@ -121,6 +121,13 @@ def run_ranks(job, job_dir: Path, res: dict[str, Any]) -> None:
     A rank that fails leaves its status in error.json (and under torchrun the others are stopped); that
     status is raised here as the exception job.py maps to it (oom, diverged, unsupported, failed).
     """
+    try:
+        _run_ranks(job, job_dir, res)
+    finally:
+        teardown()  # the estimate may have made this process a group of one for DeepSpeed
+
+
+def _run_ranks(job, job_dir: Path, res: dict[str, Any]) -> None:
     import shutil
 
     from omegaconf import OmegaConf

@@ -64,7 +64,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if cfg.distributed.nproc > 1:
         from . import distributed
 
-        if (distributed.task_group() or (0, 1))[0] > 0:  # a Slurm task of a multi-process job, not its rank 0
+        task = distributed.task_group()
+        if task is not None and task[0] > 0:  # a Slurm task of a multi-process job, not its rank 0
             return distributed.run_secondary_task(OmegaConf.to_object(cfg), job_dir)
     res = results.empty(overrides, results.config_hash(cfg))
     measure.reset_cuda_peak()
