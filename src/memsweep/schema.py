@@ -159,11 +159,16 @@ class DeepspeedConf:
     offload_param: bool = False
 
 
+class FsdpStrategy(str, Enum):
+    full_shard = "full_shard"  # parameters resharded after forward, gathered again for backward
+    shard_grad_op = "shard_grad_op"  # parameters kept gathered from forward to backward
+
+
 @dataclass
 class FsdpConf:
     name: str = "none"
-    strategy: Optional[str] = None  # full_shard | shard_grad_op; null = off
-    offload: bool = False
+    strategy: Optional[FsdpStrategy] = None  # null = FSDP off
+    offload: bool = False  # parameters and gradients in host memory (CPUOffloadPolicy)
 
 
 @dataclass
