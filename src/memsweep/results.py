@@ -53,6 +53,7 @@ def empty(overrides: list[str], cfg_hash: str) -> dict[str, Any]:
                    "peak_breakdown": None, "ledger_step": None, "ledger_seq_len": None, "device": None,
                    "cuda_max_allocated": None, "cuda_max_reserved": None, "process_peak_rss": None},
         "effective": {},
+        "shape_advice": None,  # tensor-core shape flags on a GPU profile (shapes.py)
         "data": {},
         "versions": versions(),
     }

@@ -73,6 +73,8 @@ class DataConf:
     eval_size: int = 1000
     drop_duplicates: bool = True
     encoding: str = "utf-8"
+    # Pad each batch to a multiple of this many tokens (tensor-core shapes); null = to its longest example.
+    pad_to_multiple_of: Optional[int] = None
 
 
 class PrecisionName(str, Enum):
