@@ -128,3 +128,12 @@ def test_fsdp_jobs_audit_the_sharding_measure_it_and_leave_the_process_clean(tmp
     assert plain["effective"]["fsdp"] is None and plain["effective"]["deepspeed_stage"] is None
     assert not dist.is_initialized()
     assert "WORLD_SIZE" not in os.environ and "ACCELERATE_USE_FSDP" not in os.environ
+
+
+@pytest.mark.parametrize("option", ["fsdp=full_shard", "deepspeed=zero2"])
+def test_an_estimate_of_a_sharded_job_leaves_the_process_clean(tmp_path, option):
+    import torch.distributed as dist
+
+    res = run_job(TINY + ["mode=estimate", option], tmp_path)
+    assert res["status"] == "ok" and res["estimate"]["method"] == "closed_form"  # sharding is not traced
+    assert not dist.is_initialized() and "WORLD_SIZE" not in os.environ

@@ -459,9 +459,14 @@ def run_estimate(cfg_or_job, profile: HardwareConf, job_dir: Path) -> dict[str, 
     print a summary line. Raises Unsupported as rules.check does."""
     from omegaconf import DictConfig, OmegaConf
 
+    from . import distributed
+
     job = OmegaConf.to_object(cfg_or_job) if isinstance(cfg_or_job, DictConfig) else cfg_or_job
     check_rules(job, profile)
-    est = estimate_job(job, profile)
+    try:
+        est = estimate_job(job, profile)
+    finally:  # DeepSpeed/FSDP made a one-process group (for TrainingArguments): none may outlive the job
+        distributed.teardown()
     write_json(Path(job_dir) / ESTIMATE_FILE, est)
     print(summary_line(est), flush=True)
     return est
