@@ -48,6 +48,7 @@ def _cli(*args):
     (["optim.lrr=1"], ["lrr", "OptimConf"]),
     (["lr=fast"], ["lr", "fast"]),
     (["freezing.name=all"], ["freezing.name", "encoder", "bottom_half"]),
+    (["fsdp.strategy=zero3"], ["fsdp.strategy", "full_shard", "shard_grad_op"]),
 ])
 def test_bad_command_line_gives_one_clear_message(args, says):
     done = _cli(*args)

@@ -18,6 +18,9 @@ CASES = {
     "deepspeed-bf16-true": ["precision=bf16_true", "deepspeed=zero2"],
     "activation-offload-on-cpu": ["offload=activations"],
     "deepspeed-with-fsdp": ["deepspeed=zero2", "fsdp.strategy=full_shard"],
+    "fsdp-offload-on-cpu": ["fsdp=full_shard_offload"],
+    "8bit-optim-with-fsdp": ["optim=adamw_8bit", "fsdp=full_shard"],
+    "adafactor-with-fsdp": ["optim=adafactor", "fsdp=shard_grad_op"],
 }
 NEEDS_A_MISSING_PIECE = {"bitsandbytes-missing", "offload-needs-cpu-adam-op"}
 

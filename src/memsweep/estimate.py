@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 
 from . import estimate_formula as formula
-from . import rules
+from . import rules, shapes
 from .errors import ConfigError, Unsupported
 from .schema import Config, HardwareConf, ModelConf, ModelSource, PrecisionName
 
@@ -352,6 +352,7 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
     from .techniques import apply_all
 
     started = time.perf_counter()
+    shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     plan = Plan(device=profile.device)
     apply_all(job, plan, job)
     config, source = model_config(job.model, num_labels(job))
@@ -418,6 +419,7 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
         "trainable_params": trainable,
         "architecture_source": source,
         "notes": closed["notes"] + notes_for(job, profile),
+        "shape_advice": shapes.audit(profile, plan.micro_batch_size, config.vocab_size, job.data.pad_to_multiple_of),
         "seconds": round(time.perf_counter() - started, 2),
     }
 
@@ -457,9 +459,14 @@ def run_estimate(cfg_or_job, profile: HardwareConf, job_dir: Path) -> dict[str, 
     print a summary line. Raises Unsupported as rules.check does."""
     from omegaconf import DictConfig, OmegaConf
 
+    from . import distributed
+
     job = OmegaConf.to_object(cfg_or_job) if isinstance(cfg_or_job, DictConfig) else cfg_or_job
     check_rules(job, profile)
-    est = estimate_job(job, profile)
+    try:
+        est = estimate_job(job, profile)
+    finally:  # DeepSpeed/FSDP made a one-process group (for TrainingArguments): none may outlive the job
+        distributed.teardown()
     write_json(Path(job_dir) / ESTIMATE_FILE, est)
     print(summary_line(est), flush=True)
     return est
@@ -527,8 +534,9 @@ def _gib(n: Optional[int]) -> str:
 def summary_line(est: dict[str, Any]) -> str:
     fits = {True: "fits", False: "DOES NOT FIT", None: "capacity unknown"}[est["fits"]]
     time_s = "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f} ms/step at peak"
-    return (f"[memsweep] estimate ({est['method']}) on {est['hardware']}: {_gib(est['total_bytes'])} GiB of "
-            f"{_gib(est['capacity_bytes'])} GiB, {fits}; {est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}")
+    return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']}: {_gib(est['total_bytes'])} GiB of "
+                      f"{_gib(est['capacity_bytes'])} GiB, {fits}; {est['flops_per_step'] / 1e12:.2f} TFLOP/step, "
+                      f"{time_s}", *shapes.lines(est.get("shape_advice"))])
 
 
 TABLE_PARTS = ("params", "grads", "optimizer", "activations", "temp", "overhead")
@@ -540,6 +548,9 @@ def sweep_table(rows: list[tuple[list[str], Optional[dict[str, Any]], Optional[s
     keys = [k for k in dict.fromkeys(k for d in split for k in d) if len({d.get(k) for d in split}) > 1 or len(rows) == 1]
     head = ["#", *keys, "method", "total GiB", *[f"{p}" for p in TABLE_PARTS], "capacity GiB", "fits", "margin GiB",
             "closed form GiB", "closed vs trace", "TFLOP/step", "ms/step at peak"]
+    advices = [est.get("shape_advice") for _, est, _ in rows if est is not None]
+    if any(advices):  # a GPU profile with a tensor-core rule
+        head.append("not a tensor-core multiple")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n, ((overrides, est, status), values) in enumerate(zip(rows, split)):
         cells = [str(n), *[values.get(k, "") for k in keys]]
@@ -556,9 +567,11 @@ def sweep_table(rows: list[tuple[list[str], Optional[dict[str, Any]], Optional[s
                       _gib(est["closed_form"]["peak_bytes"] + est["overhead_bytes"]),
                       "-" if diff is None else f"{diff:+.1f}%", f"{est['flops_per_step'] / 1e12:.2f}",
                       "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f}"]
+            if any(advices):
+                cells.append(shapes.cell(est.get("shape_advice")))
         lines.append("| " + " | ".join(cells) + " |")
     notes = sorted({f"{est['method']}: {est['method_reason']}" for _, est, _ in rows
-                    if est is not None and est["method_reason"]})
+                    if est is not None and est["method_reason"]}) + shapes.table_notes(advices)
     return "\n".join(lines + [""] + [f"- {note}" for note in notes]) + "\n"
 
 

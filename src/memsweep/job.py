@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from . import hardware, measure, results, resume, rules, wandb_log
+from . import hardware, measure, results, resume, rules, shapes, wandb_log
 from .errors import ConfigError, Diverged, Unsupported
 from .schema import Config, Mode
 
@@ -82,6 +82,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             from . import estimate
 
             res["estimate"] = estimate.run_estimate(job, profile, job_dir)  # checks the rules but no-gpu
+            res["shape_advice"] = res["estimate"]["shape_advice"]
             res["status"], res["reason"] = "ok", None
             return res
         rules.check(job, profile)
@@ -159,6 +160,7 @@ def print_summary(res: dict[str, Any], job_dir: Path) -> None:
                          + ("" if error is None else f", {error:+.1f} % vs measured"))
         lines.append(f"  train {t['train_s']:.1f} s, {t['samples_per_s']:.1f} samples/s, "
                      f"{t['tokens_per_s']:.0f} tokens/s; total {t['total_s']:.1f} s")
+    lines += shapes.lines(res.get("shape_advice"))
     lines.append(f"  results: {job_dir / results.RESULTS_FILE}")
     print("\n".join(lines), flush=True)
 

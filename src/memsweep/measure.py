@@ -80,10 +80,14 @@ def inner_optimizer(optimizer):
 
 
 def optimizer_state_bytes(optimizer) -> int:
+    from torch.distributed.tensor import DTensor
+
     inner = inner_optimizer(optimizer)
     seen, total = set(), 0
     for state in inner.state.values():
         for value in state.values():
+            if isinstance(value, DTensor):  # FSDP2: this process's shard
+                value = value.to_local()
             if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
                 seen.add(value.untyped_storage().data_ptr())
                 total += value.untyped_storage().nbytes()
@@ -206,6 +210,34 @@ def checkpointed_layers(model) -> int:
                if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False))
 
 
+def fsdp_audit(model) -> Optional[dict[str, Any]]:
+    """What FSDP2 sharded, read off the model's FSDP units (None: no FSDP). Counted from the units'
+    own records, not from `model.parameters()`, which shows unsharded copies between a forward and
+    its backward. Uses FSDP2's private per-unit state (torch 2.13; tests/test_fsdp.py guards it)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        return None
+    groups = [g for unit in units for g in unit._get_fsdp_state()._fsdp_param_groups]
+    managed = [fp for g in groups for fp in g.fsdp_params]
+    param_dtypes = {str(g.mp_policy.param_dtype).replace("torch.", "") for g in groups if g.mp_policy.param_dtype}
+    return {
+        "version": 2,
+        "units": len(units),
+        "unit_classes": sorted({type(u).__name__.removeprefix("FSDP") for u in units}),
+        # units that free their gathered parameters after forward (full_shard); none under shard_grad_op
+        "resharded_after_forward": sum(g._reshard_after_forward for g in groups),
+        "sharded_params": len(managed),
+        "params": sum(1 for _ in model.parameters()),
+        "world_size": managed[0].sharded_param.device_mesh.size() if managed else None,
+        "local_numel": sum(fp.sharded_size.numel() for fp in managed),  # this process's shards
+        "global_numel": sum(fp._orig_size.numel() for fp in managed),
+        "offload": any(fp.offload_to_cpu for fp in managed),
+        "mixed_precision_param_dtype": sorted(param_dtypes)[0] if param_dtypes else None,
+    }
+
+
 def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
     """What was in effect, observed on the running job (not copied from the config)."""
     params = list(model.parameters())
@@ -230,6 +262,7 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "accumulation_steps": trainer.args.gradient_accumulation_steps,
         "micro_batch_size": ledger.micro_batch_size if ledger else trainer.args.per_device_train_batch_size,
         "deepspeed_stage": stage,
+        "fsdp": fsdp_audit(model),
         "lora_modules": sum(1 for m in model.modules() if hasattr(m, "lora_A") and len(getattr(m, "lora_A")) > 0),
         "grad_scaler": type(trainer.accelerator.scaler).__name__ if trainer.accelerator.scaler else None,
         "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),

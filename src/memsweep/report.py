@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from . import results
+from . import results, shapes
 
 GIB = 2**30
 # Stacks of memory.png and breakdown columns of summary.md; "other" gathers buffers and temporaries.
@@ -219,6 +219,8 @@ def human_table(jobs: list[Job], baseline: Job, varying: list[str]) -> pd.DataFr
         row["speedup"] = base_train / train_s if train_s and base_train else None
         row.update(train_s=train_s, samples_per_s=job.get("time.samples_per_s") if job.ok else None,
                    f1=job.get("metrics.f1") if job.ok else None, reason=job.reason)
+        advice = job.get("shape_advice") if job.res else None
+        row["tensor_core_shapes"] = shapes.cell(advice) if advice else None
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -252,6 +254,9 @@ def markdown(summary_table: pd.DataFrame, jobs: list[Job], baseline: Job, varyin
     shown["train s"] = [_fmt(v, ".1f") for v in t["train_s"]]
     shown["samples/s"] = [_fmt(v, ".1f") for v in t["samples_per_s"]]
     shown["F1"] = [_fmt(v, ".3f") for v in t["f1"]]
+    advices = [j.get("shape_advice") if j.res else None for j in jobs]
+    if any(advices):  # a GPU profile with a tensor-core rule
+        shown["not a tensor-core multiple"] = [v or "–" for v in t["tensor_core_shapes"]]
 
     lines = [f"# Sweep summary: {len(jobs)} jobs ({_counts(jobs)})", ""]
     if common:
@@ -267,7 +272,7 @@ def markdown(summary_table: pd.DataFrame, jobs: list[Job], baseline: Job, varyin
         lines += [f"- job {j.num} (`{' '.join(j.overrides) or 'default'}`): **{j.status}** — {j.reason}"
                   for j in not_ok]
         lines.append("")
-    lines += [f"- {n}" for n in notes]
+    lines += [f"- {n}" for n in notes + shapes.table_notes(advices)]
     return "\n".join(lines).rstrip() + "\n"
 
 

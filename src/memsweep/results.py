@@ -54,6 +54,7 @@ def empty(overrides: list[str], cfg_hash: str) -> dict[str, Any]:
                    "cuda_max_allocated": None, "cuda_max_reserved": None, "process_peak_rss": None},
         "effective": {},
         "estimate": None,  # the estimator's prediction, made before training (measure.estimate)
+        "shape_advice": None,  # tensor-core shape flags on a GPU profile (shapes.py)
         "data": {},
         "versions": versions(),
     }

@@ -82,6 +82,17 @@ RULES: list[Rule] = [
          "offload=activations is for GPUs"),
     Rule("deepspeed-with-fsdp", lambda c, hw: c.deepspeed.stage is not None and c.fsdp.strategy is not None,
          "DeepSpeed and FSDP both shard the model: choose one"),
+    Rule("fsdp-offload-on-cpu", lambda c, hw: c.fsdp.offload and hw.device == "cpu",
+         "FSDP2's CPU offload (CPUOffloadPolicy, as Accelerate builds it) pins host memory, which needs an "
+         "accelerator (\"Cannot access accelerator device when none is available\"); on the CPU the parameters "
+         "already live in host memory: fsdp=full_shard_offload is for GPUs, use fsdp=full_shard here"),
+    Rule("8bit-optim-with-fsdp",
+         lambda c, hw: ("bnb" in _optim(c) or "8bit" in _optim(c)) and c.fsdp.strategy is not None,
+         "FSDP2 shards parameters as DTensors and bitsandbytes' optimizer kernels have no DTensor sharding rule "
+         "(\"bitsandbytes.optimizer_update_32bit does not have a sharding strategy registered\"): use optim=adamw"),
+    Rule("adafactor-with-fsdp", lambda c, hw: _optim(c) == "adafactor" and c.fsdp.strategy is not None,
+         "transformers' Adafactor keeps plain-tensor state next to FSDP2's DTensor parameters "
+         "(\"got mixed torch.Tensor and DTensor\"): use optim=adamw or sgd with FSDP"),
 ]
 
 

@@ -73,6 +73,8 @@ class DataConf:
     eval_size: int = 1000
     drop_duplicates: bool = True
     encoding: str = "utf-8"
+    # Pad each batch to a multiple of this many tokens (tensor-core shapes); null = to its longest example.
+    pad_to_multiple_of: Optional[int] = None
 
 
 class PrecisionName(str, Enum):
@@ -159,11 +161,16 @@ class DeepspeedConf:
     offload_param: bool = False
 
 
+class FsdpStrategy(str, Enum):
+    full_shard = "full_shard"  # parameters resharded after forward, gathered again for backward
+    shard_grad_op = "shard_grad_op"  # parameters kept gathered from forward to backward
+
+
 @dataclass
 class FsdpConf:
     name: str = "none"
-    strategy: Optional[str] = None  # full_shard | shard_grad_op; null = off
-    offload: bool = False
+    strategy: Optional[FsdpStrategy] = None  # null = FSDP off
+    offload: bool = False  # parameters and gradients in host memory (CPUOffloadPolicy)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from transformers.utils import logging as hf_logging
 from . import data as data_mod
 from . import memcap
 from . import model as model_mod
+from . import shapes
 from .errors import Diverged
 from .measure import LedgerCallback, effective, param_bytes
 from .plan import Plan
@@ -78,6 +79,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
     if job.threads:
         torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed)
+    shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     plan = build_plan(job, profile)
 
     tokenizer = model_mod.load_tokenizer(job.model)
@@ -94,7 +96,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
         args=training_arguments(job, plan, job_dir / "trainer"),
         train_dataset=data.train,
         processing_class=tokenizer,
-        data_collator=DataCollatorWithPadding(tokenizer),
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=job.data.pad_to_multiple_of),
         callbacks=[ledger, divergence, WandbLogCallback(run)],
         plan=plan,
         pad_to=job.max_seq_len,
@@ -107,6 +109,8 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: d
     built = None
     try:
         built = build(job, profile, job_dir, run)
+        res["shape_advice"] = shapes.audit(profile, built.trainer.plan.micro_batch_size,
+                                           built.trainer.model.config.vocab_size, job.data.pad_to_multiple_of)
         model = built.trainer.model
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM

@@ -5,6 +5,8 @@
   large, transformers#47688). Here the loss is a plain mean per micro-batch, so it is divided.
 - fp16 on the CPU: Accelerate silently trains fp32. The plan's autocast dtype and GradScaler are
   applied here instead.
+- FSDP on the CPU: Accelerate keeps its FSDP plugin only for accelerator devices and silently wraps
+  the model in DDP instead. The plugin is put back, so Accelerate's own FSDP2 path shards the model.
 - Batches of similar length (shuffled buckets) cut padding; the ledger step's batches are padded to
   `max_seq_len` so its memory figure does not depend on which examples it drew.
 """
@@ -71,6 +73,12 @@ class MemsweepTrainer(Trainer):
             # Read by Accelerate: backward scales the loss, the wrapped optimizer steps through it.
             self.accelerator.scaler = torch.amp.GradScaler(plan.device)
 
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        if self.args.fsdp_plugin_args is not None and not self.is_fsdp_enabled:
+            restore_fsdp_plugin(self.accelerator, self.args.fsdp_plugin_args)
+            self.is_fsdp_enabled = True
+
     def autocast_smart_context_manager(self, cache_enabled=True):
         if self.plan.autocast_dtype is None:
             return super().autocast_smart_context_manager(cache_enabled)
@@ -108,6 +116,20 @@ class MemsweepTrainer(Trainer):
             pad_id = self.processing_class.pad_token_id or 0
             batches = [pad_batch(b, self.pad_to, pad_id) for b in batches]
         return batches, num_items
+
+
+def restore_fsdp_plugin(accelerator, plugin_args: dict) -> None:
+    """Make Accelerate treat a CPU job (distributed type MULTI_CPU) as FSDP, as it would on a GPU."""
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        raise RuntimeError(f"FSDP was asked for but Accelerate chose {state.distributed_type}, not FSDP")
+    plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    if state.mixed_precision != "no":  # as Accelerate does for its FSDP plugin on a GPU
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin = plugin
+    state.distributed_type = DistributedType.FSDP
 
 
 class DivergenceCallback(TrainerCallback):

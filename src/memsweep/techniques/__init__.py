@@ -4,8 +4,8 @@
 the model is loaded (precision, attention, init, lora quantization), then frozen, then wrapped by
 LoRA, then checkpointed.
 """
-from . import (accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, init, lora,
-               offload, optim, precision)
+from . import (accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, fsdp, init,
+               lora, offload, optim, precision)
 
 APPLY_ORDER = [
     ("precision", precision),
@@ -19,6 +19,7 @@ APPLY_ORDER = [
     ("offload", offload),
     ("compile", compile),
     ("deepspeed", deepspeed),
+    ("fsdp", fsdp),
     ("dataloader", dataloader),
 ]
 

@@ -1,0 +1,43 @@
+"""fsdp: none | full_shard | shard_grad_op | full_shard_offload — PyTorch FSDP2 (`fully_shard`) through
+Trainer's `fsdp` / `fsdp_config`, so Accelerate shards the model exactly as it does on a GPU.
+
+- FSDP2 only: FSDP1 (`FullyShardedDataParallel`) refuses a CPU ("needs a non-CPU accelerator device")
+  and transformers deprecates it. FSDP2's strategies are one flag: `reshard_after_forward`.
+- Each encoder layer is its own FSDP unit, named explicitly: Accelerate's default wraps the model's
+  `_no_split_modules`, and for BERT (which lists BertEmbeddings) it then shards the word embeddings a
+  second time and fails (TypeError in DeviceMesh._concatenate, accelerate 1.15 / torch 2.13).
+- Accelerate drops the FSDP plugin on the CPU and wraps in DDP instead; MemsweepTrainer puts it back
+  (trainer.py). Offload to the CPU needs an accelerator: refused by a rule on the CPU.
+- Without a launcher this is a process group of one (gloo on the CPU); under torchrun the group is the
+  launcher's and every rank holds 1/world_size of each parameter.
+"""
+from ..distributed import single_process_env
+from ..model import find_module
+from ..schema import FsdpStrategy
+
+
+def fsdp_config(cfg) -> dict:
+    """Trainer's `fsdp_config` for the option (transformers 5.23 keys)."""
+    return {
+        "version": 2,
+        "reshard_after_forward": cfg.strategy == FsdpStrategy.full_shard,
+        "cpu_offload": cfg.offload,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    }
+
+
+def wrap_layers(model, config: dict, layers_module: str):
+    """Name the encoder layer class as the FSDP unit (known only once the model is built)."""
+    layers = find_module(model, layers_module)
+    config["transformer_layer_cls_to_wrap"] = sorted({type(layer).__name__ for layer in layers})
+    return model
+
+
+def apply(cfg, plan, job) -> None:
+    if cfg.strategy is None:
+        return
+    single_process_env()
+    config = fsdp_config(cfg)
+    plan.args["fsdp"] = True
+    plan.args["fsdp_config"] = config
+    plan.model_transforms.append(lambda model: wrap_layers(model, config, job.model.layers_module))

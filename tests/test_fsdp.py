@@ -1,0 +1,139 @@
+"""fsdp: FSDP2 through Trainer's fsdp_config; full_shard and shard_grad_op train on the CPU in one
+process like plain PyTorch, offload is generated for GPUs and refused here by a rule."""
+import os
+
+import pytest
+from conftest import TINY, build_job, compose_config, run_job
+from omegaconf import OmegaConf
+
+from memsweep import distributed, hardware
+from memsweep.train_loop import build_plan, release, training_arguments
+
+EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
+WORD_EMBEDDING_BYTES = 30522 * 64 * 4  # model=tiny: vocab x hidden, fp32
+
+
+def _plan(overrides):
+    job = OmegaConf.to_object(compose_config(TINY + overrides))
+    return job, build_plan(job, hardware.detect(job.hardware))
+
+
+@pytest.mark.parametrize("option, reshard, offload", [("full_shard", True, False), ("shard_grad_op", False, False),
+                                                      ("full_shard_offload", True, True)])
+def test_each_option_becomes_trainers_fsdp2_plugin(tmp_path, option, reshard, offload):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    try:
+        job, plan = _plan([f"fsdp={option}"])
+        assert os.environ["WORLD_SIZE"] == "1"  # a one-process group, as DeepSpeed gets
+        args = training_arguments(job, plan, tmp_path)
+        plugin_args = args.fsdp_plugin_args
+        assert plugin_args["fsdp_version"] == 2 and plugin_args["reshard_after_forward"] is reshard
+        assert plugin_args.get("cpu_offload", False) is offload
+        plugin = FullyShardedDataParallelPlugin(**plugin_args)
+        assert isinstance(plugin.cpu_offload, CPUOffloadPolicy) is offload
+    finally:
+        distributed.teardown()
+    assert "WORLD_SIZE" not in os.environ
+
+
+def test_no_fsdp_leaves_trainer_arguments_alone():
+    _, plan = _plan([])
+    assert "fsdp" not in plan.args and "fsdp_config" not in plan.args
+
+
+def test_the_encoder_layer_is_the_wrapped_unit(tmp_path):
+    try:
+        job, plan = _plan(["fsdp=full_shard"])
+        from memsweep import model as model_mod
+
+        plan.transform(model_mod.load_model(job.model, 2, plan.load_kwargs))
+        assert plan.args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["BertLayer"]
+    finally:
+        distributed.teardown()
+
+
+def _train(overrides, job_dir):
+    """Losses of 4 logged steps and the trained model (before evaluation)."""
+    built = build_job(EXACT + overrides, job_dir)
+    built.trainer.args.logging_steps = 1
+    try:
+        built.trainer.train()
+        losses = [h["loss"] for h in built.trainer.state.log_history if "loss" in h]
+        return losses, built
+    except BaseException:
+        release(built)
+        raise
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    losses, built = _train([], tmp_path_factory.mktemp("plain"))
+    release(built)
+    return losses
+
+
+@pytest.mark.parametrize("option, resharded", [("full_shard", True), ("shard_grad_op", False)])
+def test_sharded_training_matches_plain_and_the_strategy_shows(tmp_path, reference, option, resharded):
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    losses, built = _train([f"fsdp={option}"], tmp_path)
+    try:
+        model = built.trainer.model_wrapped
+        assert isinstance(model, FSDPModule)  # not the DDP Accelerate picks on the CPU by itself
+        assert all(isinstance(p, DTensor) for p in model.parameters())  # resharded after backward
+        assert len(losses) == len(reference) == 4
+        assert losses == pytest.approx(reference, abs=1e-5)
+        # After a forward, full_shard has freed each layer's gathered weights; shard_grad_op keeps them.
+        batch = next(iter(built.trainer.get_train_dataloader()))
+        layer = model.bert.encoder.layer[0]
+        out = model(**batch)
+        assert isinstance(layer.attention.self.query.weight, DTensor) is resharded
+        out.loss.backward()
+    finally:
+        release(built)
+
+
+def test_fsdp_jobs_audit_the_sharding_measure_it_and_leave_the_process_clean(tmp_path):
+    import torch.distributed as dist
+
+    full = run_job(TINY + ["fsdp=full_shard", "max_steps=2"], tmp_path / "full")
+    grad_op = run_job(TINY + ["fsdp=shard_grad_op", "max_steps=2"], tmp_path / "grad_op")
+    plain = run_job(TINY + ["max_steps=2"], tmp_path / "plain")
+    assert [r["status"] for r in (full, grad_op, plain)] == ["ok"] * 3
+
+    audit = full["effective"]["fsdp"]
+    params = full["effective"]["total_params"]
+    assert audit["version"] == 2 and audit["world_size"] == 1 and not audit["offload"]
+    assert audit["unit_classes"] == ["BertForSequenceClassification", "BertLayer", "Embedding"]
+    assert audit["units"] == 4  # 2 layers, the word embeddings, the root
+    assert audit["sharded_params"] == audit["params"] == 41
+    assert audit["local_numel"] == audit["global_numel"] == params  # one process holds every shard
+    assert audit["resharded_after_forward"] == 3  # all units but the root
+    assert grad_op["effective"]["fsdp"]["resharded_after_forward"] == 0
+
+    # The same training: one process holds every shard, so the results are plain training's.
+    for key in ("train_loss", "eval_loss", "f1"):
+        assert full["metrics"][key] == pytest.approx(plain["metrics"][key], abs=1e-5)
+    assert full["memory"]["params_bytes"] == plain["memory"]["params_bytes"] == 4 * params
+    assert full["memory"]["optimizer_bytes"] == plain["memory"]["optimizer_bytes"]
+    assert full["memory"]["optimizer_bytes"] == pytest.approx(8 * params, rel=1e-4)  # AdamW's two moments
+    assert full["memory"]["peak_bytes"] == pytest.approx(plain["memory"]["peak_bytes"], rel=0.01)
+    # shard_grad_op holds the gathered word embeddings from forward to backward.
+    assert grad_op["memory"]["peak_bytes"] - full["memory"]["peak_bytes"] >= 0.9 * WORD_EMBEDDING_BYTES
+
+    # Jobs after an FSDP job in the same process (a sweep) start clean.
+    assert plain["effective"]["fsdp"] is None and plain["effective"]["deepspeed_stage"] is None
+    assert not dist.is_initialized()
+    assert "WORLD_SIZE" not in os.environ and "ACCELERATE_USE_FSDP" not in os.environ
+
+
+@pytest.mark.parametrize("option", ["fsdp=full_shard", "deepspeed=zero2"])
+def test_an_estimate_of_a_sharded_job_leaves_the_process_clean(tmp_path, option):
+    import torch.distributed as dist
+
+    res = run_job(TINY + ["mode=estimate", option], tmp_path)
+    assert res["status"] == "ok" and res["estimate"]["method"] == "closed_form"  # sharding is not traced
+    assert not dist.is_initialized() and "WORLD_SIZE" not in os.environ
