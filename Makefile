@@ -51,7 +51,7 @@ estimate-t4: $(STAMP)
 
 # What memsweep costs, side by side in one run: per-step overhead against a hand-written loop and stock
 # Trainer (fp32, bf16), a 6-job sweep against 6 processes, training FLOP/s against the matmul ceiling,
-# --help/--cfg job response. Appends to benchmarks/RESULTS.md. About 12-15 min on the quiet 2-core
+# --help/--cfg job response. Appends to benchmarks/RESULTS.md. About 18 min on the quiet 2-core
 # machine (keep it quiet: another busy process slows every arm several times). BENCH_ARGS sizes it:
 # make bench BENCH_ARGS="--steps 8 --repeats 1"  (python benchmarks/bench.py --help lists every knob)
 bench: $(STAMP)

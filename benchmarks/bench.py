@@ -34,7 +34,7 @@ TARGETS = {"plain_loop": 1.03, "plain_trainer": 1.01, "sweep": 0.8, "cli_s": 3.0
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps per overhead run")
+    p.add_argument("--steps", type=int, default=25, help="optimizer steps per overhead run")
     p.add_argument("--repeats", type=int, default=3, help="runs of each arm per dtype (alternating order)")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--sweep-steps", type=int, default=10, help="optimizer steps of each sweep job")
