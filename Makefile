@@ -49,6 +49,14 @@ sweep-t4: $(STAMP)
 estimate-t4: $(STAMP)
 	$(PY) -m memsweep.estimate $(T4_GRID) $(if $(SWEEP),--out $(SWEEP)) $(ARGS)
 
+# What memsweep costs, side by side in one run: per-step overhead against a hand-written loop and stock
+# Trainer (fp32, bf16), a 6-job sweep against 6 processes, training FLOP/s against the matmul ceiling,
+# --help/--cfg job response. Appends to benchmarks/RESULTS.md. About 18 min on the quiet 2-core
+# machine (keep it quiet: another busy process slows every arm several times). BENCH_ARGS sizes it:
+# make bench BENCH_ARGS="--steps 8 --repeats 1"  (python benchmarks/bench.py --help lists every knob)
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py $(BENCH_ARGS)
+
 # Rebuild summary.csv/.md, memory.png, tradeoff.png of a sweep, finished or not:
 # make report SWEEP=multirun/<date>/<time> [BASELINE=<job number or overrides>] [WANDB=1]
 report: $(STAMP)

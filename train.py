@@ -2,9 +2,11 @@
 import hydra
 from omegaconf import DictConfig
 
+from memsweep.hydra_speed import share_config_store_in_repository_copies
 from memsweep.schema import register_configs
 
 register_configs()
+share_config_store_in_repository_copies()  # `--help` in ~1 s instead of 4+ (see the module)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -105,3 +105,16 @@ def test_tokenised_data_is_cached_per_process():
     assert data.load(tweets(train_size=300, eval_size=100), 0, tok, 64) is first
     assert data.load(tweets(train_size=300, eval_size=100), 0, tok, 32) is not first
     assert max(len(x) for x in first.train["input_ids"]) <= 64 and set(first.train["labels"]) == {0, 1}
+
+
+def test_jobs_in_one_process_share_the_tokenised_data_only_for_the_same_data_and_length(tmp_path):
+    from conftest import TINY, run_job
+
+    data._TOKENIZED.clear()
+    run_job(TINY + ["max_steps=1"], tmp_path / "a")
+    first = next(iter(data._TOKENIZED.values()))
+    run_job(TINY + ["max_steps=1", "optim=sgd", "precision=bf16"], tmp_path / "b")  # another job, same data
+    assert list(data._TOKENIZED.values()) == [first]
+    run_job(TINY + ["max_steps=1", "max_seq_len=32"], tmp_path / "c")
+    run_job(TINY + ["max_steps=1", "data.train_size=128"], tmp_path / "d")
+    assert len(data._TOKENIZED) == 3

@@ -19,6 +19,7 @@ from .errors import Diverged
 from .measure import LedgerCallback, effective, param_bytes
 from .plan import Plan
 from .schema import Config, HardwareConf
+from .steptime import StepTimer
 from .techniques import apply_all
 from .trainer import DivergenceCallback, MemsweepTrainer
 from .wandb_log import WandbLogCallback
@@ -71,6 +72,7 @@ class Job:
     data: data_mod.TextData
     ledger: LedgerCallback
     divergence: DivergenceCallback
+    step_timer: StepTimer
 
 
 def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
@@ -91,22 +93,25 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
     ledger_step = min(job.measure.warmup_steps + 1, steps)
     ledger = LedgerCallback(step=ledger_step, seq_len=job.max_seq_len, enabled=job.measure.ledger)
     divergence = DivergenceCallback()
+    # The ledger step is padded to max_seq_len and traced: not a representative step time.
+    step_timer = StepTimer(skip_steps=(ledger_step,) if job.measure.ledger else ())
     trainer = MemsweepTrainer(
         model=model,
         args=training_arguments(job, plan, job_dir / "trainer"),
         train_dataset=data.train,
         processing_class=tokenizer,
         data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=job.data.pad_to_multiple_of),
-        callbacks=[ledger, divergence, WandbLogCallback(run)],
+        callbacks=[ledger, divergence, WandbLogCallback(run), step_timer],
         plan=plan,
         pad_to=job.max_seq_len,
         pad_measured_step=ledger_step if job.measure.ledger else -1,
     )
-    return Job(trainer, data, ledger, divergence)
+    return Job(trainer, data, ledger, divergence, step_timer)
 
 
 def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: dict[str, Any], run) -> None:
     built = None
+    setup_started = time.perf_counter()
     try:
         built = build(job, profile, job_dir, run)
         res["shape_advice"] = shapes.audit(profile, built.trainer.plan.micro_batch_size,
@@ -115,6 +120,7 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: d
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM
             _train_and_evaluate(built, profile, res, run)
+        res["time"].update(built.step_timer.summary(setup_started))
     finally:
         release(built)
 
@@ -128,7 +134,8 @@ def _train_and_evaluate(built: Job, profile: HardwareConf, res: dict[str, Any], 
     if not math.isfinite(out.training_loss):  # a NaN after the last logged step
         raise Diverged(f"mean training loss is {out.training_loss}")
     train_s = out.metrics["train_runtime"]
-    tokens = trainer.state.num_input_tokens_seen
+    tokens = trainer.tokens_seen()
+    res["data"]["train_tokens_seen"] = tokens  # non-padding: which examples were trained on, in total
 
     started = time.perf_counter()
     prediction = trainer.predict(data.eval)

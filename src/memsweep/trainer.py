@@ -7,6 +7,8 @@
   applied here instead.
 - FSDP on the CPU: Accelerate keeps its FSDP plugin only for accelerator devices and silently wraps
   the model in DDP instead. The plugin is put back, so Accelerate's own FSDP2 path shards the model.
+- Tokens seen: stock Trainer reads the count back (`.item()`) after every micro-batch, a host sync
+  per step on a GPU. Here it is summed on the device and read when Trainer logs.
 - Batches of similar length (shuffled buckets) cut padding; the ledger step's batches are padded to
   `max_seq_len` so its memory figure does not depend on which examples it drew.
 """
@@ -69,6 +71,7 @@ class MemsweepTrainer(Trainer):
         self.pad_to = pad_to
         self.pad_measured_step = pad_measured_step  # global step (1-based) whose batches are padded
         self.model_accepts_loss_kwargs = False  # do not pass num_items_in_batch to the model
+        self._tokens_pending = None  # non-padding tokens since the last read, a device tensor
         if plan.grad_scaler:
             # Read by Accelerate: backward scales the loss, the wrapped optimizer steps through it.
             self.accelerator.scaler = torch.amp.GradScaler(plan.device)
@@ -109,6 +112,23 @@ class MemsweepTrainer(Trainer):
             return super()._get_eval_sampler(eval_dataset)
         lengths = [len(x) for x in eval_dataset["input_ids"]]
         return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+    def _track_num_input_tokens(self, inputs):
+        mask = inputs.get("attention_mask")
+        if self.args.world_size > 1 or self.args.include_num_input_tokens_seen != "non_padding" or mask is None:
+            return super()._track_num_input_tokens(inputs)  # gathered across processes: stock path
+        count = mask.sum()
+        self._tokens_pending = count if self._tokens_pending is None else self._tokens_pending + count
+
+    def tokens_seen(self) -> int:
+        if self._tokens_pending is not None:
+            self.state.num_input_tokens_seen += int(self._tokens_pending.item())
+            self._tokens_pending = None
+        return self.state.num_input_tokens_seen
+
+    def log(self, logs, start_time=None):
+        self.tokens_seen()  # logs carry the count; Trainer syncs here for the loss anyway
+        return super().log(logs, start_time)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
