@@ -1,5 +1,5 @@
-"""distributed.nproc=2 (issue #6): one job on two CPU processes started by torchrun (gloo), with DDP and
-with DeepSpeed ZeRO-2/3, against the same job on one process.
+"""distributed.nproc=2 (issue #6): one job on two CPU processes started by torchrun (gloo), with DDP, with
+DeepSpeed ZeRO-2/3 and with FSDP2 full_shard, against the same job on one process.
 
 Dropout off and unbucketed batches: the two ranks then see exactly the two halves of the one-process
 batch, so the losses must match, and ZeRO must leave each rank half the optimizer state.
@@ -12,7 +12,7 @@ BASE = ["model=tiny", "data.train_size=128", "data.eval_size=64", "logger=none",
 
 
 @pytest.mark.parametrize("sharding, shards_state", [("deepspeed=none", False), ("deepspeed=zero2", True),
-                                                    ("deepspeed=zero3", True)])
+                                                    ("deepspeed=zero3", True), ("fsdp=full_shard", True)])
 def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(sharding, shards_state, tmp_path):
     one = run_job(BASE + [sharding], tmp_path / "one")
     two = run_job(BASE + [sharding, "distributed.nproc=2"], tmp_path / "two")
@@ -32,6 +32,10 @@ def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(shard
         else:  # DDP replicates it
             assert r["optimizer_state_bytes"] == alone
     assert two["memory"]["peak_bytes"] == ranks[0]["memory"]["peak_bytes"]  # the job's figure is rank 0's
+    if sharding.startswith("fsdp"):  # FSDP shards the weights too: each rank holds half of them
+        assert two["effective"]["fsdp"]["local_numel"] * 2 == two["effective"]["fsdp"]["global_numel"]
+        for r in ranks:
+            assert r["memory"]["params_bytes"] == pytest.approx(one["memory"]["params_bytes"] / 2, rel=0.01)
     print(f"\n{sharding}: train loss 1 process {one['metrics']['train_loss']:.6f}, 2 processes "
           f"{two['metrics']['train_loss']:.6f}; optimizer state 1 process {alone:,} B, per rank "
           f"{[r['optimizer_state_bytes'] for r in ranks]}; peak per rank {[r['memory']['peak_bytes'] for r in ranks]}")
