@@ -45,6 +45,10 @@ class Inventory:
     buffers_bytes: int
     linear_weights_per_layer: int  # values of the nn.Linear weights of one encoder layer
     head_linear_weights: int  # values of the head's nn.Linear weights (pooler / pre_classifier, classifier)
+    # The same, trainable only: autocast caches its 16-bit casts of leaf tensors that require grad,
+    # so frozen weights (LoRA's base, a frozen encoder) are cast again at each use and freed
+    trainable_linear_weights_per_layer: int
+    trainable_head_linear_weights: int
     trainable_layers: list[bool]  # per encoder layer: holds a trainable parameter
     embeddings_trainable: bool
     lora_rank: int  # 0 = no LoRA
@@ -87,15 +91,17 @@ def inventory(model, job: Config) -> Inventory:
     trainable_layers = [any(t.trainable for t in params if t.layer == i) for i in range(layers)]
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                and "lora_" not in n and "modules_to_save" not in n]
-    per_layer = sum(m.weight.numel() for n, m in linears if _layer_index(n + ".weight", job.model.layers_module) == 0)
-    head = sum(m.weight.numel() for n, m in linears if _layer_index(n + ".weight", job.model.layers_module) is None)
+    layer0 = [m.weight for n, m in linears if _layer_index(n + ".weight", job.model.layers_module) == 0]
+    head = [m.weight for n, m in linears if _layer_index(n + ".weight", job.model.layers_module) is None]
     lora_modules = [n for n, m in model.named_modules() if n.endswith("lora_A") and len(list(m.children()))]
     lora_in_layer0 = [n for n in lora_modules if _layer_index(n + ".x", job.model.layers_module) == 0]
     return Inventory(
         params=params,
         buffers_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-        linear_weights_per_layer=per_layer,
-        head_linear_weights=head,
+        linear_weights_per_layer=sum(w.numel() for w in layer0),
+        head_linear_weights=sum(w.numel() for w in head),
+        trainable_linear_weights_per_layer=sum(w.numel() for w in layer0 if w.requires_grad),
+        trainable_head_linear_weights=sum(w.numel() for w in head if w.requires_grad),
         trainable_layers=trainable_layers,
         embeddings_trainable=any(t.trainable for t in params if t.layer is None and "embeddings" in t.name),
         lora_rank=job.lora.r if job.lora.enabled else 0,
@@ -229,10 +235,10 @@ def attention_transient(sh: Shape, pr: Precision, device: str, attention: str, r
 
 
 def autocast_weight_copies(inv: Inventory, pr: Precision, layers: int) -> int:
-    """Autocast keeps a 16-bit copy of every Linear weight it casts until the forward ends."""
+    """Autocast keeps a 16-bit copy of every trainable Linear weight it casts until the forward ends."""
     if not pr.autocast:
         return 0
-    return 2 * (inv.linear_weights_per_layer * layers + inv.head_linear_weights)
+    return 2 * (inv.trainable_linear_weights_per_layer * layers + inv.trainable_head_linear_weights)
 
 
 def activations(inv: Inventory, sh: Shape, pr: Precision, job: Config, device: str) -> dict[str, Any]:
@@ -259,7 +265,7 @@ def activations(inv: Inventory, sh: Shape, pr: Precision, job: Config, device: s
         head = (T * h * pr.hidden if not pr.autocast else 2 * sh.micro_batch * h) + 4 * sh.micro_batch * h * 4
     else:  # only the classifier trains: its input and dropout mask
         head = 2 * sh.micro_batch * h * 4 if any(t.trainable for t in inv.params) else 0
-    layer_weights = 2 * inv.linear_weights_per_layer if pr.autocast else 0
+    layer_weights = 2 * inv.trainable_linear_weights_per_layer if pr.autocast else 0
     weights = autocast_weight_copies(inv, pr, n_recording)
     # Accelerate's autocast wraps model.forward: its weight cache is gone when the forward's hooks run;
     # memsweep's own fp16 autocast on the CPU wraps the whole call (trainer.py)
