@@ -74,5 +74,20 @@ def build_job(overrides, job_dir: Path):
     return build(job, hardware.detect(job.hardware), job_dir)
 
 
+def train_logging_every_step(overrides, job_dir: Path):
+    """Build and train a job, logging every step: (the logged losses, the built job, still to be
+    released by the caller; released here if training raises)."""
+    from memsweep.train_loop import release
+
+    built = build_job(overrides, job_dir)
+    built.trainer.args.logging_steps = 1
+    try:
+        built.trainer.train()
+    except BaseException:
+        release(built)
+        raise
+    return [h["loss"] for h in built.trainer.state.log_history if "loss" in h], built
+
+
 def status(res: dict) -> tuple[str, str]:
     return res["status"], res["reason"] or ""

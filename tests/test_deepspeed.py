@@ -1,21 +1,16 @@
 """deepspeed: every ZeRO option runs on the CPU in one process and trains like plain PyTorch."""
 import pytest
-from conftest import TINY, build_job, run_job
+from conftest import TINY, run_job, train_logging_every_step
 
 EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
 
 
 def _losses(overrides, job_dir):
-    built = build_job(EXACT + overrides, job_dir)
-    built.trainer.args.logging_steps = 1
-    try:
-        built.trainer.train()
-        losses = [h["loss"] for h in built.trainer.state.log_history if "loss" in h]
-        return losses, built.trainer
-    finally:
-        from memsweep.train_loop import release
+    from memsweep.train_loop import release
 
-        release(built)
+    losses, built = train_logging_every_step(EXACT + overrides, job_dir)
+    release(built)
+    return losses, built.trainer
 
 
 @pytest.fixture(scope="module")

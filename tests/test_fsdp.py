@@ -3,7 +3,7 @@ process like plain PyTorch, offload is generated for GPUs and refused here by a 
 import os
 
 import pytest
-from conftest import TINY, build_job, compose_config, run_job
+from conftest import TINY, compose_config, run_job, train_logging_every_step
 from omegaconf import OmegaConf
 
 from memsweep import distributed, hardware
@@ -56,15 +56,7 @@ def test_the_encoder_layer_is_the_wrapped_unit(tmp_path):
 
 def _train(overrides, job_dir):
     """Losses of 4 logged steps and the trained model (before evaluation)."""
-    built = build_job(EXACT + overrides, job_dir)
-    built.trainer.args.logging_steps = 1
-    try:
-        built.trainer.train()
-        losses = [h["loss"] for h in built.trainer.state.log_history if "loss" in h]
-        return losses, built
-    except BaseException:
-        release(built)
-        raise
+    return train_logging_every_step(EXACT + overrides, job_dir)
 
 
 @pytest.fixture(scope="module")

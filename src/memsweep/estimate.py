@@ -472,6 +472,12 @@ def run_estimate(cfg_or_job, profile: HardwareConf, job_dir: Path) -> dict[str, 
     return est
 
 
+def autofit_budget(profile: HardwareConf, headroom: float) -> Optional[int]:
+    """What autofit lets a job's estimated total reach: the profile's capacity less `headroom` (a fraction)."""
+    capacity = capacity_bytes(profile)
+    return None if capacity is None else int(capacity * (1 - headroom))
+
+
 def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[int, int]:
     """The largest micro-batch whose estimated total fits the profile's capacity (less `headroom`, a
     fraction of it), with the accumulation steps that keep the effective batch_size.
@@ -480,11 +486,10 @@ def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[
     forward; with it they are (from the previous micro-batch), so the whole batch is tried first and
     the smaller micro-batches, whose memory grows with their size, by bisection.
     """
-    capacity = capacity_bytes(profile)
+    capacity, budget = capacity_bytes(profile), autofit_budget(profile, headroom)
     per_process = job.batch_size // job.distributed.nproc
-    if capacity is None:
+    if budget is None:
         return per_process, 1
-    budget = capacity * (1 - headroom)
 
     def fits(micro: int) -> bool:
         steps = per_process // micro
@@ -511,12 +516,11 @@ def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[
 def autofit_job(job: Config, profile: HardwareConf) -> tuple[Config, dict[str, Any]]:
     """`autofit=true`: the job with the micro-batch autofit chose, and the record of the choice."""
     micro, steps = autofit(job, profile, headroom=job.autofit_headroom)
-    capacity = capacity_bytes(profile)
     fitted = dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, name=f"autofit_x{steps}",
                                                                        steps=steps))
     return fitted, {"micro_batch_size": micro, "accumulation_steps": steps, "batch_size": job.batch_size,
                     "requested_accumulation_steps": job.accumulation.steps, "headroom": job.autofit_headroom,
-                    "budget_bytes": None if capacity is None else int(capacity * (1 - job.autofit_headroom))}
+                    "budget_bytes": autofit_budget(profile, job.autofit_headroom)}
 
 
 # --- files and tables ---------------------------------------------------------------------------------
