@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
+# Two pytest-xdist workers, one torch thread each (tests/conftest.py): most tests are short jobs bound by
+# Python, so two at a time halve the suite's wall time on 2 cores. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # A small grid on the embedded default (MiniLM, 2,000 tweets): precision x optim, 4 jobs, about
 # 4-5 min on 2 CPU cores; prints the summary table at the end. SWEEP=<sweep dir> resumes that sweep

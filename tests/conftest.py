@@ -6,8 +6,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
+# Torch threads per test process: the 2 cores shared by pytest-xdist's workers (`make test` runs two),
+# so a busy machine or a parallel run never oversubscribes them.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, 2 // WORKERS)
+
 # Before torch or wandb are imported: same behaviour on a busy machine, nothing written under ~.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
 os.environ["WANDB_MODE"] = "offline"
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub; hub code is tested on local data
@@ -16,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(THREADS)
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
@@ -27,7 +32,7 @@ from memsweep.schema import register_configs  # noqa: E402
 register_configs()
 
 # A tiny, fast job: small random BERT, a few hundred tweets, no W&B unless a test asks.
-TINY = ["model=tiny", "data.train_size=256", "data.eval_size=100", "logger=none", "threads=2"]
+TINY = ["model=tiny", "data.train_size=256", "data.eval_size=100", "logger=none", f"threads={THREADS}"]
 
 
 def compose_config(overrides=(), job_dir: Path | None = None, multirun: bool = False):

@@ -2,9 +2,9 @@
 
 
 def test_full_checkpointing_cuts_activation_bytes_five_fold(tmp_path):
-    from conftest import run_job
+    from conftest import THREADS, run_job
 
-    common = ["model=minilm", "data.train_size=96", "data.eval_size=32", "logger=none", "threads=2",
+    common = ["model=minilm", "data.train_size=96", "data.eval_size=32", "logger=none", f"threads={THREADS}",
               "max_steps=2", "max_seq_len=128"]
     plain = run_job(common, tmp_path / "plain")
     checkpointed = run_job(common + ["checkpointing=full"], tmp_path / "ckpt")

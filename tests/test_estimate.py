@@ -7,7 +7,7 @@ written into the test.
 import json
 
 import pytest
-from conftest import compose_config
+from conftest import THREADS, compose_config
 from omegaconf import OmegaConf
 
 from memsweep import estimate, hardware, results
@@ -174,7 +174,7 @@ def test_autofit_runs_the_micro_batch_it_picks_where_the_whole_batch_runs_out_of
 
     # Long sequences with eager attention: activations grow with the micro-batch and dominate. The CPU
     # profile's memory_gib is a real cap (memcap.py): the whole batch of 64 runs out of memory under it.
-    capped = ["model=tiny", "data.train_size=128", "data.eval_size=32", "logger=none", "threads=2", "max_steps=2",
+    capped = ["model=tiny", "data.train_size=128", "data.eval_size=32", "logger=none", f"threads={THREADS}", "max_steps=2",
               "optim=sgd", "batch_size=64", "max_seq_len=512", "attention=eager", "hardware=cpu",
               "hardware.memory_gib=0.5"]
     whole = run_job(capped, tmp_path / "whole")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_job
+from conftest import ROOT, THREADS, TINY, run_job
 from hydra import compose, initialize_config_dir
 from wandb_records import find_run_file, run_contents
 
@@ -140,7 +140,7 @@ def test_submitit_local_runs_a_two_job_sweep_with_the_results_of_the_basic_launc
     try:
         reference = run_job(one_thread + ["seed=1"], tmp_path / "reference")
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(THREADS)
     remote = results.read(sweep_dir / "0" / "results.json")
     for res in (reference, remote):
         res.pop("time")
