@@ -201,7 +201,7 @@ def report(args, info, defaults, load_start, load_end, over, sweeps, hw, cli, st
                   "arms alternating)", "",
                   f"Every arm: embedded MiniLM, the default train subset ({defaults['train_examples']} tweets, exported "
                   f"once to JSONL for the baselines), batch {defaults['batch_size']}, max_seq_len "
-                  f"{defaults['max_seq_len']}, seed {defaults['seed']}, AdamW lr {defaults['lr']}, linear decay, "
+                  f"{defaults['max_seq_len']}, seed {defaults['seed']}, fused AdamW lr {defaults['lr']}, linear decay, "
                   "clipping 1.0, batches in the same seeded random order padded to their longest sequence. memsweep "
                   "runs with `dataloader.group_by_length=false` (its default length buckets would give it "
                   "different, shorter batches) and otherwise its defaults (W&B offline, memory ledger on step 2, "

@@ -73,7 +73,7 @@ def measure(args, dtype: str) -> dict:
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
     g = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(1000, model.config.vocab_size, (args.batch_size, args.seq_len), generator=g),
              "attention_mask": torch.ones(args.batch_size, args.seq_len, dtype=torch.long),

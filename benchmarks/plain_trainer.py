@@ -1,6 +1,6 @@
 """Baseline: stock transformers Trainer, no subclass, the same training as memsweep's default.
 
-adamw_torch, lr 1e-4, weight decay 0, linear schedule, clipping 1.0, batch 32, one process on the
+adamw_torch_fused (Trainer's default), lr 1e-4, weight decay 0, linear schedule, clipping 1.0, batch 32, one process on the
 CPU, `bf16=True` for bf16 (autocast); batches padded to the longest by DataCollatorWithPadding in
 Trainer's seeded random order; it counts non-padding tokens (as memsweep does). Step ends are recorded by a callback, as in memsweep.
 """
@@ -42,7 +42,7 @@ def main() -> None:
         training_args = TrainingArguments(
             output_dir=out_dir, report_to="none", save_strategy="no", eval_strategy="no", logging_steps=10,
             max_steps=args.steps, per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
-            weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="linear", optim="adamw_torch",
+            weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="linear", optim="adamw_torch_fused",
             seed=args.seed, data_seed=args.seed, use_cpu=True, bf16=args.dtype == "bf16",
             include_num_input_tokens_seen="non_padding")  # memsweep counts them too
         trainer = Trainer(model=model, args=training_args, train_dataset=train, processing_class=tokenizer,

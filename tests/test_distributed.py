@@ -35,7 +35,9 @@ def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(shard
     if sharding.startswith("fsdp"):  # FSDP shards the weights too: each rank holds half of them
         assert two["effective"]["fsdp"]["local_numel"] * 2 == two["effective"]["fsdp"]["global_numel"]
         for r in ranks:
-            assert r["memory"]["params_bytes"] == pytest.approx(one["memory"]["params_bytes"] / 2, rel=0.01)
+            # half the model's weights (+ a gathered unit when the rank peaks in forward)
+            half = 4 * one["effective"]["total_params"] / 2
+            assert half <= r["memory"]["params_bytes"] <= 1.05 * half
     print(f"\n{sharding}: train loss 1 process {one['metrics']['train_loss']:.6f}, 2 processes "
           f"{two['metrics']['train_loss']:.6f}; optimizer state 1 process {alone:,} B, per rank "
           f"{[r['optimizer_state_bytes'] for r in ranks]}; peak per rank {[r['memory']['peak_bytes'] for r in ranks]}")

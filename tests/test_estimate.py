@@ -18,7 +18,7 @@ from memsweep.errors import Unsupported
 BASE = ["model=tiny", "data.train_size=32", "data.eval_size=16", "logger=none", "threads=1", "max_steps=2",
         "batch_size=16", "max_seq_len=128"]
 GRID = [[f"precision={p}", f"optim={o}", f"checkpointing={c}"]
-        for p in ("fp32", "bf16") for o in ("adamw", "sgd") for c in ("none", "full")]
+        for p in ("fp32", "bf16") for o in ("adamw", "adamw_torch", "sgd") for c in ("none", "full")]
 # bitsandbytes cannot run on fake tensors: this row is answered by the closed form alone
 FALLBACK = ["precision=fp32", "optim=adamw_8bit", "checkpointing=none"]
 

@@ -109,7 +109,9 @@ def test_fsdp_jobs_audit_the_sharding_measure_it_and_leave_the_process_clean(tmp
     # The same training: one process holds every shard, so the results are plain training's.
     for key in ("train_loss", "eval_loss", "f1"):
         assert full["metrics"][key] == pytest.approx(plain["metrics"][key], abs=1e-5)
-    assert full["memory"]["params_bytes"] == plain["memory"]["params_bytes"] == 4 * params
+    # With the fused AdamW (no step temporaries) the peak is in forward, where FSDP holds the unit it has
+    # gathered as well: a few percent more weights at that moment than the model's own.
+    assert plain["memory"]["params_bytes"] == 4 * params <= full["memory"]["params_bytes"] <= 1.05 * 4 * params
     assert full["memory"]["optimizer_bytes"] == plain["memory"]["optimizer_bytes"]
     assert full["memory"]["optimizer_bytes"] == pytest.approx(8 * params, rel=1e-4)  # AdamW's two moments
     assert full["memory"]["peak_bytes"] == pytest.approx(plain["memory"]["peak_bytes"], rel=0.01)

@@ -94,6 +94,24 @@ def optimizer_state_bytes(optimizer) -> int:
     return total
 
 
+def optimizer_kernel(optimizer) -> Optional[str]:
+    """Which of torch's implementations the optimizer steps with: fused, foreach or for-loop (the
+    single-tensor loop); None for optimizers outside torch.optim (bitsandbytes, Adafactor, DeepSpeed)."""
+    defaults = getattr(inner_optimizer(optimizer), "defaults", {})
+    if "fused" not in defaults and "foreach" not in defaults:
+        return None
+    if defaults.get("fused"):
+        return "fused"
+    # foreach=None means torch's default: foreach on CUDA tensors, the for-loop elsewhere
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    params = [p for g in inner_optimizer(optimizer).param_groups for p in g["params"]]
+    foreach = defaults.get("foreach")
+    if foreach is None:
+        foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)[1]
+    return "foreach" if foreach else "for-loop"
+
+
 def param_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -254,6 +272,7 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "param_dtypes": dtypes,
         "compute_dtype": ledger.compute_dtype if ledger else None,
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "optimizer_kernel": optimizer_kernel(optimizer) if optimizer is not None else None,
         "optimizer_state_bytes": optimizer_state_bytes(optimizer) if optimizer is not None else None,
         "trainable_params": trainable,
         "total_params": total,

@@ -103,7 +103,7 @@ class OptimName(str, Enum):
 @dataclass
 class OptimConf:
     name: str = "adamw"
-    hf_name: OptimName = OptimName.adamw_torch
+    hf_name: OptimName = OptimName.adamw_torch_fused
     lr: float = 1e-4
     weight_decay: float = 0.0
     momentum: float = 0.0  # sgd only
