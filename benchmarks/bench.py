@@ -182,6 +182,12 @@ def _med(runs, arm, dtype, key):
     return statistics.median(values) if values else None
 
 
+def _paired(runs, base, dtype) -> list[float]:
+    """memsweep's step time over the baseline's, repeat by repeat."""
+    step = {(r["arm"], r["repeat"]): r["step_s_median"] for r in runs if r["dtype"] == dtype}
+    return [step["memsweep", k] / step[base, k] for a, k in step if a == "memsweep" and (base, k) in step]
+
+
 def _verdict(ratio, target, below=True) -> str:
     ok = ratio <= target if below else ratio >= target
     return f"target <= {target}: {'met' if ok else 'NOT met'}"
@@ -225,6 +231,14 @@ def report(args, info, defaults, load_start, load_end, over, sweeps, hw, cli, st
             for base, label in (("plain_loop", "plain loop"), ("plain_trainer", "plain Trainer")):
                 ratio = _med(over, "memsweep", dtype, "step_s_median") / _med(over, base, dtype, "step_s_median")
                 lines.append(f"overhead vs {label} ({dtype}): {ratio:.2f}x  ({_verdict(ratio, TARGETS[base])})")
+        lines += ["", "Paired by repeat (memsweep's run over the baseline's run of the same repeat, minutes apart, so "
+                  "a slow spell of the machine hits both): median of the per-repeat ratios and their range. When "
+                  "the range straddles the target, the run cannot tell the overhead from the machine's noise.", ""]
+        for dtype in dtypes:
+            for base, label in (("plain_loop", "plain loop"), ("plain_trainer", "plain Trainer")):
+                paired = _paired(over, base, dtype)
+                lines.append(f"paired overhead vs {label} ({dtype}): {statistics.median(paired):.3f}x, range "
+                             f"{min(paired):.3f}-{max(paired):.3f} over {len(paired)} repeats")
         for dtype in dtypes:
             for base, label in (("plain_loop", "plain loop"), ("plain_trainer", "plain Trainer")):
                 ratio = _med(over, "memsweep", dtype, "startup_s") / _med(over, base, dtype, "startup_s")
