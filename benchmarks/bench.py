@@ -5,6 +5,8 @@
    (plain_loop.py) and stock Trainer (plain_trainer.py), fp32 and bf16, arms alternating
    (A B C, then C B A, ...). Per optimizer step (median of steps 3..N: step 1 is warm-up, step 2 is
    memsweep's memory-ledger step) and start-up (process start to the first step).
+   What memsweep adds to a step, counted in one run rather than timed across processes
+   (own_cost.py): its own Python code per step and the W&B writer's CPU time.
 2. Sweep efficiency: a 6-job `-m` sweep in one process against the same 6 jobs as separate processes.
 3. Hardware efficiency: training FLOP/s against a matmul timed in the same process (hw_efficiency.py),
    with a profile of where fp32 time goes when it is under 50 % of the ceiling.
@@ -41,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sweep-repeats", type=int, default=1)
     p.add_argument("--hw-steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch threads in every arm; 0 = torch's default")
-    p.add_argument("--sections", default="overhead,sweep,hw,cli")
+    p.add_argument("--sections", default="overhead,account,sweep,hw,cli")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"))
     p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
     p.add_argument("--dry-results", action="store_true", help="print the section instead of appending it")
@@ -123,6 +125,18 @@ def overhead(args, work: Path, data_csv: Path, model_dir: str) -> list[dict]:
     return runs
 
 
+def account(args, work: Path) -> list[dict]:
+    """own_cost.py per dtype: memsweep's own code and the W&B writer, counted inside the default job."""
+    out = []
+    for dtype in args.dtypes.split(","):
+        print(f"[bench] what memsweep adds to a step ({dtype}): cProfile of its own code, W&B writer CPU", flush=True)
+        path = work / f"own_cost_{dtype}.json"
+        run([PY, str(HERE / "own_cost.py"), "--steps", str(args.steps), "--threads", str(args.threads),
+             "--override", f"precision={dtype}", "--out", str(path)], work / f"own_cost_{dtype}.log")
+        out.append({"dtype": dtype, **json.loads(path.read_text())})
+    return out
+
+
 def sweep(args, work: Path) -> list[dict]:
     from itertools import product
 
@@ -193,7 +207,7 @@ def _verdict(ratio, target, below=True) -> str:
     return f"target <= {target}: {'met' if ok else 'NOT met'}"
 
 
-def report(args, info, defaults, load_start, load_end, over, sweeps, hw, cli, started) -> str:
+def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cli, started) -> str:
     cmd = "make bench" + (f" BENCH_ARGS=\"{' '.join(sys.argv[1:])}\"" if sys.argv[1:] else "")
     threads = args.threads or "torch default"
     lines = [f"## {started:%Y-%m-%d %H:%M} UTC: {info['cpu']}, {info['cores']} cores, torch {info['torch']}",
@@ -244,6 +258,26 @@ def report(args, info, defaults, load_start, load_end, over, sweeps, hw, cli, st
                 ratio = _med(over, "memsweep", dtype, "startup_s") / _med(over, base, dtype, "startup_s")
                 lines.append(f"start-up vs {label} ({dtype}): {ratio:.2f}x")
         lines.append("")
+    if own:
+        lines += [f"### What memsweep adds to a step, counted in one run ({args.steps} optimizer steps, default job)", "",
+                  "The ratios above compare processes run minutes apart, and two identical runs on this machine "
+                  "can differ by more than the targets. This counts what a memsweep step runs that a stock Trainer "
+                  "step does not (benchmarks/own_cost.py), over the steps after the memory-ledger step: the self "
+                  "time of every function in src/memsweep under cProfile (an upper bound: cProfile slows Python "
+                  "calls), and the CPU time of the W&B writer process. Tracker calls: calls into torch's memory "
+                  "and module trackers after the ledger step (hooks left installed would call them every step).",
+                  "", "| dtype | s/step (profiled) | memsweep code ms/step | share of step | W&B writer CPU s | "
+                  "share of the machine | tracker calls after the ledger step |", "|---|---|---|---|---|---|---|"]
+        for r in own:
+            lines.append(f"| {r['dtype']} | {r['step_s']:.4f} | {1e3 * r['own_s_per_step']:.3f} | "
+                         f"{100 * r['own_share']:.3f} % | {r['wandb_cpu_s']:.2f} | "
+                         f"{100 * r['wandb_cpu_share_of_machine']:.2f} % | {sum(r['tracker_calls'].values())} |")
+        lines.append("")
+        for r in own:
+            added = r["own_share"] + r["wandb_cpu_share_of_machine"]
+            lines.append(f"counted memsweep work per step ({r['dtype']}): {100 * added:.2f} % "
+                         f"(own code {100 * r['own_share']:.3f} %, W&B writer {100 * r['wandb_cpu_share_of_machine']:.2f} %)")
+        lines.append("")
     if sweeps:
         multi = statistics.median(w["wall_s"] for w in sweeps if w["how"] == "multirun")
         sep = statistics.median(w["wall_s"] for w in sweeps if w["how"] == "separate")
@@ -292,11 +326,12 @@ def main() -> None:
     print(f"[bench] {info}; scratch dir {work}", flush=True)
     data_csv, model_dir, defaults = export_data(work)
     over = overhead(args, work, data_csv, model_dir) if "overhead" in sections else []
+    own = account(args, work) if "account" in sections else []
     sweeps = sweep(args, work) if "sweep" in sections else []
     hw = hardware(args, work, model_dir) if "hw" in sections else None
     cli = cli_times(work) if "cli" in sections else None
-    (work / "raw.json").write_text(json.dumps({"overhead": over, "sweep": sweeps, "hw": hw, "cli": cli}, indent=2))
-    text = report(args, info, defaults, load_start, os.getloadavg()[0], over, sweeps, hw, cli, started)
+    (work / "raw.json").write_text(json.dumps({"overhead": over, "account": own, "sweep": sweeps, "hw": hw, "cli": cli}, indent=2))
+    text = report(args, info, defaults, load_start, os.getloadavg()[0], over, own, sweeps, hw, cli, started)
     print("\n" + text)
     if not args.dry_results:
         results = Path(args.results)

@@ -46,3 +46,21 @@ def test_training_reads_no_tensor_back_every_step(tmp_path, monkeypatch):
     # Trainer logs every 10 steps (loss, grad norm, tokens): a few reads, not one per step
     assert 0 < len(reads) < 20
     assert built.trainer.tokens_seen() > 0
+
+
+def test_ledger_step_leaves_no_hook_behind(tmp_path):
+    # MemTracker hooks every module and parameter for the ledger step; any hook left installed would
+    # run on every later step (the cost `make bench` counts in its "what memsweep adds" section).
+    from torch.nn.modules import module as nn_module
+
+    built = build_job(TINY + ["max_steps=4"], tmp_path / "job")
+    model = built.trainer.model
+    global_hooks = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                    "_global_backward_hooks")
+    before = {name: len(getattr(nn_module, name)) for name in global_hooks}
+    built.trainer.train()
+    assert built.ledger.ledger.peak_bytes > 0  # the ledger did track step 2
+    assert {name: len(getattr(nn_module, name)) for name in global_hooks} == before
+    for name, m in model.named_modules():
+        assert not (m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks), name
+    assert all(not getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
