@@ -48,19 +48,38 @@ def test_training_reads_no_tensor_back_every_step(tmp_path, monkeypatch):
     assert built.trainer.tokens_seen() > 0
 
 
+GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                "_global_backward_hooks")
+
+
+def hooks_left(model) -> dict:
+    """What a memory tracker left behind: global module hooks, dispatch modes, hooks on `model`."""
+    from torch.nn.modules import module as nn_module
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    left = {name: len(getattr(nn_module, name)) for name in GLOBAL_HOOKS if getattr(nn_module, name)}
+    left.update({"dispatch modes": _get_current_dispatch_mode_stack()} if _get_current_dispatch_mode_stack() else {})
+    left.update({name: "module hooks" for name, m in model.named_modules()
+                 if m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks})
+    left.update({name: [getattr(h, "__qualname__", repr(h)) for h in p._post_accumulate_grad_hooks.values()]
+                 for name, p in model.named_parameters() if getattr(p, "_post_accumulate_grad_hooks", None)})
+    return left
+
+
 def test_ledger_step_leaves_no_hook_behind(tmp_path):
     # MemTracker hooks every module and parameter for the ledger step; any hook left installed would
     # run on every later step (the cost `make bench` counts in its "what memsweep adds" section).
-    from torch.nn.modules import module as nn_module
-
     built = build_job(TINY + ["max_steps=4"], tmp_path / "job")
-    model = built.trainer.model
-    global_hooks = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
-                    "_global_backward_hooks")
-    before = {name: len(getattr(nn_module, name)) for name in global_hooks}
     built.trainer.train()
     assert built.ledger.ledger.peak_bytes > 0  # the ledger did track step 2
-    assert {name: len(getattr(nn_module, name)) for name in global_hooks} == before
-    for name, m in model.named_modules():
-        assert not (m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks), name
-    assert all(not getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+    assert hooks_left(built.trainer.model) == {}
+
+
+def test_a_job_that_dies_in_the_ledger_step_leaves_the_process_clean(tiny_job, tmp_path):
+    # An OOM inside the tracked step skips its on_step_end: the next job of a sweep must not run tracked.
+    oom = tiny_job("batch_size=64", "max_seq_len=512", "attention=eager", "optim=sgd", "hardware=cpu",
+                   "hardware.memory_gib=0.5")
+    assert oom["status"] == "oom", oom["reason"]
+    built = build_job(TINY + ["max_steps=3"], tmp_path / "next")
+    built.trainer.train()
+    assert hooks_left(built.trainer.model) == {}

@@ -155,12 +155,21 @@ class LedgerCallback(TrainerCallback):
             self.ledger.compute_dtype = str(output.dtype).replace("torch.", "")
             self.ledger.micro_batch_size = int(output.shape[0])
 
+    def close(self) -> None:
+        """Leave the tracker if its step is open. A job that raises inside the ledger step (an OOM)
+        never reaches on_step_end: the tracker would stay on torch's dispatch stack and hook every
+        later job of the process (a sweep's next jobs)."""
+        if self.tracker is not None:
+            self.tracker.__exit__(None, None, None)
+            self._hook.remove()
+            self.tracker = None
+
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if self.tracker is None:
             return
-        self.tracker.__exit__(None, None, None)
-        self._hook.remove()
-        device_snaps = self.tracker.get_tracker_snapshot("peak")
+        tracker = self.tracker
+        self.close()
+        device_snaps = tracker.get_tracker_snapshot("peak")
         device = max(device_snaps, key=lambda d: device_snaps[d]["Total"])
         snap = device_snaps[device]
         breakdown = {CATEGORIES[k]: v for k, v in snap.items() if k in CATEGORIES}
@@ -170,10 +179,9 @@ class LedgerCallback(TrainerCallback):
             breakdown["optimizer"] = state_bytes
         self.ledger.peak_bytes = snap["Total"]
         self.ledger.breakdown = breakdown
-        self.ledger.activations_bytes = self.tracker.saved_activations
-        self.ledger.grads_bytes = self.tracker.category_max.get("Gradient", 0)
+        self.ledger.activations_bytes = tracker.saved_activations
+        self.ledger.grads_bytes = tracker.category_max.get("Gradient", 0)
         self.ledger.optimizer_bytes = state_bytes
-        self.tracker = None
 
 
 def loader_settings(loader) -> dict[str, Any]:

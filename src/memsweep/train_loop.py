@@ -173,5 +173,6 @@ def release(built: Job | None) -> None:
     from . import distributed
 
     if built is not None:
+        built.ledger.close()  # a job that raised inside the ledger step leaves its tracker open
         built.trainer.accelerator.free_memory()
     distributed.teardown()
