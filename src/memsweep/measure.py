@@ -16,6 +16,8 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import TrainerCallback
 
+from . import host_memory
+
 # MemTracker warns on every backward hook whose module was collected; nothing is lost.
 warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
 
@@ -295,5 +297,6 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "compiled": type(trainer.model_wrapped).__name__ == "OptimizedModule" or hasattr(model, "_orig_mod"),
         "param_device": str(params[0].device) if params else None,
+        "malloc_reuse": host_memory.in_effect(),
         "dataloader": ledger.dataloader if ledger else None,
     }

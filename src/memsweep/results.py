@@ -48,7 +48,7 @@ def empty(overrides: list[str], cfg_hash: str) -> dict[str, Any]:
         "metrics": {"f1": None, "accuracy": None, "train_loss": None, "eval_loss": None},
         "time": {"train_s": None, "total_s": None, "samples_per_s": None, "tokens_per_s": None,
                  "optimizer_steps": None, "step_s_median": None, "steps_timed": None, "setup_s": None,
-                 "startup_s": None},
+                 "startup_s": None, "minor_faults_per_step": None},
         "memory": {"peak_bytes": None, "params_bytes": None, "grads_bytes": None, "optimizer_bytes": None,
                    "activations_bytes": None, "buffers_bytes": None, "temp_bytes": None, "other_bytes": None,
                    "peak_breakdown": None, "ledger_step": None, "ledger_seq_len": None, "device": None,

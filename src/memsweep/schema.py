@@ -303,6 +303,9 @@ class Config:
     max_seq_len: int = 64
     mode: Mode = Mode.train
     threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+    # Keep freed host memory for the next step instead of returning it to the OS (glibc malloc; see
+    # host_memory.py): far fewer page faults per step. Once on, it stays on for the rest of the process.
+    malloc_reuse: bool = True
     # Before training, take the largest micro-batch the estimator says fits the hardware profile and
     # raise gradient accumulation so batch_size is kept (recorded in effective.autofit)...
     autofit: bool = False

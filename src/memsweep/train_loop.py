@@ -12,7 +12,7 @@ from transformers import DataCollatorWithPadding, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
-from . import memcap
+from . import host_memory, memcap
 from . import model as model_mod
 from . import shapes
 from .errors import Diverged
@@ -80,6 +80,8 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
     hf_logging.set_verbosity_error()
     if job.threads:
         torch.set_num_threads(job.threads)
+    if job.malloc_reuse:
+        host_memory.keep_freed_memory()
     torch.manual_seed(job.seed)
     shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     plan = build_plan(job, profile)
