@@ -97,13 +97,14 @@ def own_functions(profiler: cProfile.Profile, steps: int) -> dict:
     """Self seconds of memsweep's functions in the profile, the largest ones per step, and the calls
     into torch's trackers."""
     stats = pstats.Stats(profiler).stats
+    own = {(file, line, name): (calls, self_s)
+           for (file, line, name), (_, calls, self_s, _, _) in stats.items() if file.startswith(PACKAGE)}
     rows = [{"function": f"{Path(file).name}:{line} {name}", "calls_per_step": calls / steps,
-             "self_ms_per_step": 1e3 * self_s / steps}
-            for (file, line, name), (_, calls, self_s, _, _) in stats.items() if file.startswith(PACKAGE)]
+             "self_ms_per_step": 1e3 * self_s / steps} for (file, line, name), (calls, self_s) in own.items()]
     rows.sort(key=lambda r: -r["self_ms_per_step"])
     tracker_calls = {f"{Path(file).name}:{line} {name}": calls
                      for (file, line, name), (_, calls, _, _, _) in stats.items() if any(t in file for t in TRACKERS)}
-    return {"own_s": sum(r["self_ms_per_step"] for r in rows) / 1e3 * steps, "top_functions": rows[:8],
+    return {"own_s": sum(self_s for _, self_s in own.values()), "top_functions": rows[:8],
             "tracker_calls": tracker_calls}
 
 
@@ -114,6 +115,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from omegaconf import OmegaConf
+
     from memsweep import hardware, wandb_log
     from memsweep.train_loop import build, release
 
@@ -122,8 +125,6 @@ def main() -> None:
     profile = hardware.detect(job.hardware)
     with tempfile.TemporaryDirectory(prefix="memsweep-own-cost-") as tmp:
         job_dir = Path(tmp)
-        from omegaconf import OmegaConf
-
         run = wandb_log.start(job.logger, job_dir, group="own_cost", name=",".join(overrides), job_type="train",
                               config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), tags=[])
         built = build(job, profile, job_dir, run)
