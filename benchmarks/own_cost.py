@@ -2,7 +2,7 @@
 
 The overhead section compares wall-clock time between processes minutes apart; on a shared 2-core
 machine two identical runs differ by up to ~20 %, more than the 1-3 % targets. This counts directly
-the two things a memsweep step runs that a stock Trainer step does not:
+what a memsweep step runs that a stock Trainer step does not (1, 2), and checks what the ledger leaves (3):
 
 1. memsweep's own Python code: every function defined under src/memsweep (the callbacks and the
    Trainer overrides) and its self time under cProfile, over the steps after the memory-ledger step.

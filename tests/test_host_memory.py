@@ -25,7 +25,7 @@ def test_reuse_stops_faulting_in_each_step_anew(tmp_path):
     default = job_in_fresh_process(tmp_path, reuse=False)
     reused = job_in_fresh_process(tmp_path, reuse=True)
     assert (default["effective"]["malloc_reuse"], reused["effective"]["malloc_reuse"]) == (False, True)
-    # glibc maps the embedding gradient afresh every step: at least its every page faults again
+    # glibc maps the embedding gradient afresh every step: every one of its pages faults again
     assert default["time"]["minor_faults_per_step"] > 0.9 * embedding_pages
     assert reused["time"]["minor_faults_per_step"] < default["time"]["minor_faults_per_step"] / 4
 

@@ -58,7 +58,8 @@ def hooks_left(model) -> dict:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     left = {name: len(getattr(nn_module, name)) for name in GLOBAL_HOOKS if getattr(nn_module, name)}
-    left.update({"dispatch modes": _get_current_dispatch_mode_stack()} if _get_current_dispatch_mode_stack() else {})
+    if modes := _get_current_dispatch_mode_stack():
+        left["dispatch modes"] = modes
     left.update({name: "module hooks" for name, m in model.named_modules()
                  if m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks})
     left.update({name: [getattr(h, "__qualname__", repr(h)) for h in p._post_accumulate_grad_hooks.values()]
