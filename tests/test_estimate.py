@@ -1,4 +1,4 @@
-"""mode=estimate (issue #5): predicted peak memory against real measured jobs, offline hub models on a
+"""mode=estimate: predicted peak memory against real measured jobs, offline hub models on a
 GPU profile, autofit, and the files a sweep of estimates writes.
 
 Every comparison is against the measured ledger of a real job run here (run_job), never a figure
@@ -10,7 +10,9 @@ import pytest
 from conftest import THREADS, compose_config
 from omegaconf import OmegaConf
 
-from memsweep import estimate, hardware, results
+from memsweep import hardware, results, sweep
+from memsweep.estimate import __main__ as cli
+from memsweep.estimate import autofit, core, table
 from memsweep.errors import Unsupported
 
 # Tiny model, two optimizer steps; the ledger's step is padded to 128 tokens so that activations
@@ -106,10 +108,10 @@ def test_hub_model_on_a_gpu_profile_offline(tmp_path, capsys):
     # bert-base is sized from conf/model/bert-base.yaml alone (HF_HUB_OFFLINE=1, nothing cached); the
     # T4 rule refuses bf16 as for a real job, without a GPU being needed for the rest
     out = tmp_path / "sweep"
-    assert estimate.main(["--out", str(out), "-m", "model=bert-base", "hardware=t4",
+    assert cli.main(["--out", str(out), "-m", "model=bert-base", "hardware=t4",
                           "precision=fp16,bf16", "optim=adamw,adamw_8bit"]) == 0
-    rows = [json.loads((out / str(n) / estimate.ESTIMATE_FILE).read_text()) for n in (0, 1)]
-    assert not (out / "2" / estimate.ESTIMATE_FILE).exists()
+    rows = [json.loads((out / str(n) / sweep.ESTIMATE_FILE).read_text()) for n in (0, 1)]
+    assert not (out / "2" / sweep.ESTIMATE_FILE).exists()
     assert json.loads((out / "2" / "status.json").read_text())["status"] == "unsupported"
     adamw, adamw_8bit = rows
     assert adamw["method"] == "trace" and adamw["architecture_source"] == "model config keys"
@@ -122,18 +124,26 @@ def test_hub_model_on_a_gpu_profile_offline(tmp_path, capsys):
         assert est["closed_form"]["peak_bytes"] == pytest.approx(est["peak_bytes"], rel=0.15)
     # 8-bit states: less optimizer memory than AdamW's two fp32 moments
     assert adamw_8bit["optimizer_bytes"] < 0.6 * adamw["optimizer_bytes"]
-    table = (out / estimate.SWEEP_TABLE).read_text()
-    assert table.count("| yes |") == 2 and "unsupported: bf16-unsupported" in table
-    assert "closed_form: bitsandbytes optimizers" in table
-    assert table in capsys.readouterr().out
+    written = (out / table.SWEEP_TABLE).read_text()
+    rows = markdown_rows(written)
+    assert [r["fits"] for r in rows] == ["yes", "yes", ""] and rows[2]["method"].startswith("unsupported: bf16-unsupported")
+    assert "closed_form: bitsandbytes optimizers" in written
+    assert written in capsys.readouterr().out
+
+
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the first markdown table in `text`, by column name."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return [dict(zip(cells[0], row)) for row in cells[2:]]
 
 
 def test_gpu_kernels_hold_less_than_the_cpu_ones():
     # CUDA keeps bool dropout masks and runs memory-efficient attention; the CPU float masks and the
     # s x s math path. The trace and the closed form must both see it.
     common = ["model=tiny", "optim=sgd", "max_seq_len=128", "batch_size=16"]
-    cpu = estimate.estimate_job(*job_of(common + ["hardware=cpu"]))
-    t4 = estimate.estimate_job(*job_of(common + ["hardware=t4"]))
+    cpu = core.estimate_job(*job_of(common + ["hardware=cpu"]))
+    t4 = core.estimate_job(*job_of(common + ["hardware=t4"]))
     assert t4["activations_bytes"] < 0.6 * cpu["activations_bytes"]
     for est in (cpu, t4):
         assert est["closed_form"]["activations_bytes"] == pytest.approx(est["activations_bytes"], rel=0.05)
@@ -141,23 +151,23 @@ def test_gpu_kernels_hold_less_than_the_cpu_ones():
 
 def test_autofit_takes_the_largest_micro_batch_that_fits():
     common = ["model=tiny", "optim=sgd", "batch_size=16", "max_seq_len=128", "hardware=cpu"]
-    whole = estimate.estimate_job(*job_of(common))["total_bytes"]
-    half = estimate.estimate_job(*job_of(common + ["accumulation.steps=2"]))["total_bytes"]
+    whole = core.estimate_job(*job_of(common))["total_bytes"]
+    half = core.estimate_job(*job_of(common + ["accumulation.steps=2"]))["total_bytes"]
     assert half < whole
     capacity = [f"hardware.memory_gib={(half + whole) / 2 / 2**30}"]  # micro-batch 8 fits, 16 does not
-    assert estimate.autofit(*job_of(common + capacity)) == (8, 2)  # the effective batch of 16 is kept
+    assert autofit.autofit(*job_of(common + capacity)) == (8, 2)  # the effective batch of 16 is kept
     roomy = [f"hardware.memory_gib={2 * whole / 2**30}"]
-    assert estimate.autofit(*job_of(common + roomy)) == (16, 1)
+    assert autofit.autofit(*job_of(common + roomy)) == (16, 1)
 
     with pytest.raises(Unsupported, match="even micro-batch 1"):
-        estimate.autofit(*job_of(common + ["hardware.memory_gib=0.001"]))
+        autofit.autofit(*job_of(common + ["hardware.memory_gib=0.001"]))
 
 
 def test_accumulation_can_raise_the_peak_when_the_optimizer_state_is_small():
     # gradients of the first micro-batch are alive during the second one's forward: with SGD (no
     # state) and short sequences, halving the micro-batch costs more than it saves
     common = ["model=tiny", "optim=sgd", "batch_size=16", "max_seq_len=64", "hardware=cpu"]
-    whole, half = (estimate.estimate_job(*job_of(common + [f"accumulation.steps={n}"])) for n in (1, 2))
+    whole, half = (core.estimate_job(*job_of(common + [f"accumulation.steps={n}"])) for n in (1, 2))
     assert half["peak_bytes"] > whole["peak_bytes"]
     # at its peak every gradient is alive (fp32, all trainable: as large as the weights)
     assert half["breakdown"]["grads"] == half["breakdown"]["params"] > whole["breakdown"]["grads"]
@@ -165,7 +175,7 @@ def test_accumulation_can_raise_the_peak_when_the_optimizer_state_is_small():
 
 def test_an_estimate_that_cannot_be_made_is_recorded_not_raised():
     job, profile = job_of(["model=tiny", "model.architecture=gpt2", "model.source=hub", "model.path=nowhere/gpt2"])
-    est = estimate.for_job(job, profile)
+    est = core.for_job(job, profile)
     assert est["method"] is None and "gpt2" in est["error"]
 
 
@@ -191,6 +201,6 @@ def test_autofit_runs_the_micro_batch_it_picks_where_the_whole_batch_runs_out_of
     # the largest that fits: the estimate of the next larger micro-batch is over the budget
     assert fitted["estimate"]["total_bytes"] <= choice["budget_bytes"] == int(0.85 * 0.5 * 2**30)
     job, profile = job_of(capped + [f"accumulation.steps={choice['accumulation_steps'] // 2}"])
-    assert estimate.estimate_job(job, profile)["total_bytes"] > choice["budget_bytes"]
+    assert core.estimate_job(job, profile)["total_bytes"] > choice["budget_bytes"]
     # and the prediction held: measured within 5 % of the stored estimate
     assert results.estimate_vs_measured(fitted)["estimate_error_pct"] == pytest.approx(0, abs=5)

@@ -6,8 +6,9 @@ import pytest
 from conftest import TINY, compose_config, run_job, train_logging_every_step
 from omegaconf import OmegaConf
 
-from memsweep import distributed, hardware
-from memsweep.train_loop import build_plan, release, training_arguments
+from memsweep import hardware, procenv
+from memsweep.plan import build_plan
+from memsweep.train_loop import release, training_arguments
 
 EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
 WORD_EMBEDDING_BYTES = 30522 * 64 * 4  # model=tiny: vocab x hidden, fp32
@@ -24,8 +25,11 @@ def test_each_option_becomes_trainers_fsdp2_plugin(tmp_path, option, reshard, of
     from accelerate.utils import FullyShardedDataParallelPlugin
     from torch.distributed.fsdp import CPUOffloadPolicy
 
+    job, plan = _plan([f"fsdp={option}"])
+    # building the plan changes nothing in the process; the job enters a group of one as it builds
+    assert plan.process_group and "WORLD_SIZE" not in os.environ
     try:
-        job, plan = _plan([f"fsdp={option}"])
+        procenv.enter_group_of_one()
         assert os.environ["WORLD_SIZE"] == "1"  # a one-process group, as DeepSpeed gets
         args = training_arguments(job, plan, tmp_path)
         plugin_args = args.fsdp_plugin_args
@@ -34,7 +38,7 @@ def test_each_option_becomes_trainers_fsdp2_plugin(tmp_path, option, reshard, of
         plugin = FullyShardedDataParallelPlugin(**plugin_args)
         assert isinstance(plugin.cpu_offload, CPUOffloadPolicy) is offload
     finally:
-        distributed.teardown()
+        procenv.teardown()
     assert "WORLD_SIZE" not in os.environ
 
 
@@ -51,7 +55,7 @@ def test_the_encoder_layer_is_the_wrapped_unit(tmp_path):
         plan.transform(model_mod.load_model(job.model, 2, plan.load_kwargs))
         assert plan.args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["BertLayer"]
     finally:
-        distributed.teardown()
+        procenv.teardown()
 
 
 def _train(overrides, job_dir):

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from wandb_records import wait_for_run
 
 from memsweep import report, results
+from memsweep import sweep as sweep_mod
 from memsweep.callbacks import SweepReport
 
 GIB = 2**30
@@ -20,7 +21,7 @@ GRID = ["precision=fp32,bf16", "optim=adamw,sgd,adafactor", "model=tiny"]
 
 
 def ok_results(overrides, peak_gib, train_s, f1, predicted_gib=None):
-    res = results.empty(overrides, "0123456789abcdef")
+    res = results.Result.start(overrides, "0123456789abcdef").to_dict()
     if predicted_gib is not None:  # what job.py stores before training (measure.estimate)
         res["estimate"] = {"method": "trace", "peak_bytes": int(predicted_gib * GIB)}
     peak = int(peak_gib * GIB)
@@ -47,7 +48,7 @@ def make_sweep(root: Path, outcomes: dict, baseline=None, grid=tuple(GRID)) -> P
                               "max_batch_size": None, "params": None},
                   "overrides": {"hydra": [f"hydra.sweep.dir={root}"], "task": list(grid)}},
         "report": {"baseline": baseline}, "logger": {"enabled": False}}), root / "multirun.yaml")
-    jobs = report.sweep_grid(root)
+    jobs = sweep_mod.grid(root)
     for num, outcome in outcomes.items():
         job_dir = root / str(num)
         (job_dir / ".hydra").mkdir(parents=True)
@@ -56,7 +57,7 @@ def make_sweep(root: Path, outcomes: dict, baseline=None, grid=tuple(GRID)) -> P
         if outcome is None:
             continue
         if isinstance(outcome[0], str):  # (status, reason)
-            res = results.empty(jobs[num], "0123456789abcdef")
+            res = results.Result.start(jobs[num], "0123456789abcdef").to_dict()
             res["status"], res["reason"] = outcome
         else:  # (peak GiB, train s, F1[, predicted GiB])
             res = ok_results(jobs[num], *outcome)
@@ -77,7 +78,7 @@ def sweep(tmp_path):
 
 
 def test_the_grid_is_expanded_as_hydra_numbers_the_jobs(sweep):
-    assert report.sweep_grid(sweep) == [
+    assert sweep_mod.grid(sweep) == [
         [f"precision={p}", f"optim={o}", "model=tiny"] for p in ("fp32", "bf16") for o in ("adamw", "sgd", "adafactor")]
 
 
@@ -90,7 +91,7 @@ def test_a_glob_sweep_is_expanded_from_the_sweeps_config_dir(tmp_path):
         "overrides": {"task": ["+row=glob(*)", "seed=1,2"]},
         "runtime": {"config_sources": [{"path": str(tmp_path / "conf"), "schema": "file", "provider": "main"}]},
     }}), tmp_path / "multirun.yaml")
-    assert report.sweep_grid(tmp_path) == [["+row=a_first", "seed=1"], ["+row=a_first", "seed=2"],
+    assert sweep_mod.grid(tmp_path) == [["+row=a_first", "seed=1"], ["+row=a_first", "seed=2"],
                                           ["+row=b_second", "seed=1"], ["+row=b_second", "seed=2"]]
 
 
@@ -127,7 +128,7 @@ def test_the_human_table_compares_each_job_with_the_baseline(sweep):
 
 
 def test_baseline_by_job_number_or_by_overrides(sweep):
-    jobs = report.collect(sweep)
+    jobs = sweep_mod.collect(sweep)
     assert report.find_baseline(jobs, None).num == 0
     assert report.find_baseline(jobs, "2").num == 2
     assert report.find_baseline(jobs, "optim=sgd").num == 1

@@ -7,7 +7,9 @@ import pytest
 from conftest import TINY, build_job, run_job
 from test_report import make_sweep, ok_results
 
-from memsweep import estimate, report, results, shapes
+from memsweep import report, results, shapes
+from memsweep.estimate.table import sweep_table
+from memsweep.sweep import SweepJob
 from memsweep.job import print_summary
 from memsweep.schema import HardwareConf
 from memsweep.train_loop import release
@@ -78,16 +80,18 @@ def test_estimate_on_a_gpu_profile_flags_and_padding_clears_the_sequence(tmp_pat
                      tmp_path / "b")
     assert padded["shape_advice"]["not_multiples"] == ["vocabulary"]  # 30522 tokens: only the vocabulary left
 
-    table = estimate.sweep_table([(["batch_size=12"], flagged["estimate"], None),
-                                  (["batch_size=16"], padded["estimate"], None)])
-    assert "| micro-batch, sequence length, vocabulary |" in table and "| vocabulary |" in table
+    table = sweep_table([SweepJob(0, ["batch_size=12"], "ok", estimate=flagged["estimate"]),
+                         SweepJob(1, ["batch_size=16"], "ok", estimate=padded["estimate"])])
+    lines = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("|")]
+    column = lines[0].index("not a tensor-core multiple")
+    assert [row[column] for row in lines[2:]] == ["micro-batch, sequence length, vocabulary", "vocabulary"]
     assert table.count("tensor-core shapes: pad the vocabulary") == 1  # one advice line for the sweep
 
 
 def test_job_summary_prints_the_flags(tmp_path, capsys):
-    res = results.empty(["hardware=t4"], "0" * 16)
-    res["status"], res["reason"] = "unsupported", "no-gpu: ..."
-    res["shape_advice"] = shapes.audit(T4, 12, 30522, 8)
+    res = results.Result.start(["hardware=t4"], "0" * 16)
+    res.end("unsupported", "no-gpu: ...")
+    res.shape_advice = shapes.audit(T4, 12, 30522, 8)
     print_summary(res, tmp_path)
     out = capsys.readouterr().out
     assert "tensor cores (multiples of 8): micro-batch 12 is not a multiple of 8; vocabulary size 30522" in out

@@ -19,13 +19,13 @@ class SweepReport(Callback):
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import report
+        from . import report, sweep
 
         sweep_dir = str(config.hydra.sweep.dir)
         if OmegaConf.select(config, "mode") == "estimate":  # estimate.md instead of the measured summary
-            from . import estimate
+            from .estimate.table import write_sweep_table
 
-            print("\n" + estimate.write_sweep_table(Path(sweep_dir)).read_text(), flush=True)
+            print("\n" + write_sweep_table(Path(sweep_dir)).read_text(), flush=True)
             return
         summary = report.build(Path(sweep_dir), OmegaConf.select(config, "report.baseline"), strict=False)
         report.write(summary)
@@ -33,7 +33,7 @@ class SweepReport(Callback):
         print(f"[memsweep] summary: {Path(sweep_dir) / 'summary.md'} (and summary.csv, memory.png, tradeoff.png)")
         logger = OmegaConf.select(config, "logger")
         if logger is not None and logger.enabled:
-            run_dir = report.log_to_wandb(summary, logger, report.wandb_group(sweep_dir))
+            run_dir = report.log_to_wandb(summary, logger, sweep.group_of(Path(sweep_dir), summary.jobs))
             print(f"[memsweep] W&B summary run: {run_dir}", flush=True)
         if summary.failed:
             listed = ", ".join(f"{j.num} ({j.status})" for j in summary.failed)

@@ -1,4 +1,4 @@
-"""The expected ways a job ends other than `ok`. Each maps to one `status` in results.json."""
+"""The expected ways a job ends other than `ok`, and the status each exception maps to in results.json."""
 
 
 class ConfigError(Exception):
@@ -15,3 +15,31 @@ class Unsupported(Exception):
 
 class Diverged(Exception):
     """The training loss became NaN or inf."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An allocation that failed: torch's own error on a GPU, MemoryError or the CPU allocator's message."""
+    import torch
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def outcome(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) of a job that raised `exc`."""
+    if isinstance(exc, Unsupported):
+        return "unsupported", str(exc)
+    if isinstance(exc, Diverged):
+        return "diverged", str(exc)
+    if isinstance(exc, ConfigError):
+        return "failed", f"bad input: {exc}"
+    if is_oom(exc):
+        return "oom", f"{type(exc).__name__}: {str(exc)[:300]}"
+    return "failed", f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+# The exception a status read back from a file (a rank's error.json) is raised as, so that
+# `outcome` maps it to the same status again.
+STATUS_EXCEPTIONS = {"oom": MemoryError, "diverged": Diverged, "unsupported": Unsupported}

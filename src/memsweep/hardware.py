@@ -1,23 +1,45 @@
 """Hardware profiles: what a device can do (memory, dtypes, peak TFLOP/s), and detection for `hardware=auto`."""
 from dataclasses import replace
+from typing import Optional
 
 import torch
 
 from .schema import HardwareConf
 
-# GPU name fragment -> profile option in conf/hardware/, for `hardware=auto`.
+# GPU name fragment (as torch.cuda.get_device_name reports it) -> profile option in conf/hardware/,
+# for `hardware=auto`; the longest fragment that matches wins ("A100 80GB" before "A100").
 KNOWN_GPUS = {"T4": "t4", "A10G": "a10g", "A100-SXM4-80GB": "a100_80gb", "A100 80GB": "a100_80gb",
               "A100": "a100_40gb", "H100": "h100"}
 
 
+def profile_option(gpu_name: str) -> Optional[str]:
+    """The conf/hardware option of a GPU, from its name; None for a GPU without a profile."""
+    for fragment in sorted(KNOWN_GPUS, key=len, reverse=True):
+        if fragment in gpu_name:
+            return KNOWN_GPUS[fragment]
+    return None
+
+
+def load_profile(option: str) -> HardwareConf:
+    from omegaconf import OmegaConf
+
+    from .schema import CONF_DIR
+
+    merged = OmegaConf.merge(OmegaConf.structured(HardwareConf), OmegaConf.load(CONF_DIR / "hardware" / f"{option}.yaml"))
+    return OmegaConf.to_object(merged)
+
+
 def detect(cfg: HardwareConf) -> HardwareConf:
-    """Resolve `device: auto` to the real device and fill what the profile leaves open."""
+    """Resolve `device: auto` to the real device and fill what the profile leaves open. On a GPU with a
+    profile (KNOWN_GPUS) `hardware=auto` is that profile; on another GPU, its detected properties."""
     cuda = torch.cuda.is_available()
     device = cfg.device if cfg.device != "auto" else ("cuda" if cuda else "cpu")
     if cfg.name != "auto":
         return replace(cfg, device=device)
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
+        if (option := profile_option(props.name)) is not None:
+            return replace(load_profile(option), name=f"auto:{option}", device="cuda")
         return replace(cfg, name=f"auto:{props.name}", device="cuda",
                        memory_gib=props.total_memory / 2**30, bf16=torch.cuda.is_bf16_supported(),
                        fp16=True, tf32=props.major >= 8, tensor_core_multiple=64 if props.major >= 8 else 8)

@@ -171,19 +171,24 @@ class LedgerCallback(TrainerCallback):
             return
         tracker = self.tracker
         self.close()
-        device_snaps = tracker.get_tracker_snapshot("peak")
-        device = max(device_snaps, key=lambda d: device_snaps[d]["Total"])
-        snap = device_snaps[device]
-        breakdown = {CATEGORIES[k]: v for k, v in snap.items() if k in CATEGORIES}
-        state_bytes = optimizer_state_bytes(optimizer)
-        if breakdown.get("optimizer", 0) > state_bytes:  # temporaries of optimizer.step()
-            breakdown["temp"] = breakdown.get("temp", 0) + breakdown["optimizer"] - state_bytes
-            breakdown["optimizer"] = state_bytes
-        self.ledger.peak_bytes = snap["Total"]
-        self.ledger.breakdown = breakdown
-        self.ledger.activations_bytes = tracker.saved_activations
-        self.ledger.grads_bytes = tracker.category_max.get("Gradient", 0)
-        self.ledger.optimizer_bytes = state_bytes
+        for key, value in ledger_reading(tracker, optimizer_state_bytes(optimizer)).items():
+            setattr(self.ledger, key, value)
+
+
+def ledger_reading(tracker: LedgerTracker, state_bytes: int) -> dict[str, Any]:
+    """What a tracked step's ledger says: the device peak and what it is made of (summing to it), the
+    activations held for backward, the gradients' own maximum and the true optimizer state. MemTracker
+    counts everything optimizer.step() allocates as optimizer state: beyond `state_bytes` (read off the
+    optimizer itself) it is the step's temporaries. Real jobs and the estimator's trace both read it here."""
+    snaps = tracker.get_tracker_snapshot("peak")
+    device = max(snaps, key=lambda d: snaps[d]["Total"])
+    breakdown = {CATEGORIES[k]: v for k, v in snaps[device].items() if k in CATEGORIES}
+    if breakdown.get("optimizer", 0) > state_bytes:
+        breakdown["temp"] = breakdown.get("temp", 0) + breakdown["optimizer"] - state_bytes
+        breakdown["optimizer"] = state_bytes
+    return {"peak_bytes": snaps[device]["Total"], "breakdown": breakdown,
+            "activations_bytes": tracker.saved_activations,
+            "grads_bytes": tracker.category_max.get("Gradient", 0), "optimizer_bytes": state_bytes}
 
 
 def loader_settings(loader) -> dict[str, Any]:

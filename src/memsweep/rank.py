@@ -1,20 +1,27 @@
-"""One rank of a multi-process job: `python -m memsweep.rank <job dir>`, started by torchrun (run_ranks),
+"""One rank of a multi-process job: `python -m memsweep.rank <job dir>`, started by torchrun (launch.py),
 or run_rank() in-process in each submitit task of a Slurm job with several tasks.
 
 Every rank builds and trains the same job (Trainer/Accelerate join the process group torchrun set up:
 gloo on the CPU, nccl on GPUs; DDP, DeepSpeed or FSDP shard as configured) and measures its own
-memory ledger. Rank 0 gathers the ranks' ledgers and losses and writes ranks/result.json; job.py
-turns it into the job's results.json.
+memory ledger. Rank 0 gathers the ranks' ledgers and losses and writes ranks/result.json; the job
+turns it into its results.json.
 """
 import os
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
-from . import job as job_mod  # also sets the environment a job runs in (DS_ACCELERATOR, ...)
-from . import hardware, results
-from .distributed import ERROR_FILE, JOB_FILE, RANKS_DIR, RESULT_FILE
+from . import hardware, procenv, results
+from .errors import outcome
+
+# Files of a multi-process job, under its job dir: the job the ranks run, each rank's own dir (its
+# Trainer output, and error.json if it failed) and the result rank 0 gathered.
+RANKS_DIR = "ranks"
+JOB_FILE = "job.yaml"
+RESULT_FILE = "result.json"
+ERROR_FILE = "error.json"
 
 
 def load_job(ranks_dir: Path):
@@ -26,6 +33,7 @@ def load_job(ranks_dir: Path):
 
 
 def main(job_dir: Path) -> int:
+    procenv.prepare()
     return run_rank(load_job(job_dir / RANKS_DIR), job_dir)
 
 
@@ -39,26 +47,26 @@ def run_rank(job, job_dir: Path) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rank_dir = ranks_dir / f"rank{rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
-    res = results.empty([], "")
+    res = results.Result.start([], "")
     try:
         train_and_evaluate(job, hardware.detect(job.hardware), rank_dir, res, run=None)
     except Exception as exc:  # noqa: BLE001 - the parent job reports it; torchrun stops the other ranks
-        status, reason = job_mod.outcome(exc)
+        status, reason = outcome(exc)
         (rank_dir / "traceback.txt").write_text(traceback.format_exc())
         results.write(rank_dir / ERROR_FILE, {"rank": rank, "status": status, "reason": reason})
         traceback.print_exc()
         return 1
-    mine = {"rank": rank, "train_loss": res["metrics"]["train_loss"], "memory": res["memory"],
-            "optimizer_state_bytes": res["effective"].get("optimizer_state_bytes"),
-            "trainable_params_local": res["effective"].get("trainable_params")}
+    mine = {"rank": rank, "train_loss": res.metrics.train_loss, "memory": asdict(res.memory),
+            "optimizer_state_bytes": res.effective.get("optimizer_state_bytes"),
+            "trainable_params_local": res.effective.get("trainable_params")}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank == 0:
         # Each rank's loss is the mean over its own micro-batches; their mean is the global batch's.
-        res["metrics"]["train_loss"] = fmean(r["train_loss"] for r in gathered)
-        res["memory"]["per_rank"] = gathered
-        res["effective"].update(world_size=world, backend=dist.get_backend())
-        results.write(ranks_dir / RESULT_FILE, res)
+        res.metrics.train_loss = fmean(r["train_loss"] for r in gathered)
+        res.memory.per_rank = gathered
+        res.effective.update(world_size=world, backend=dist.get_backend())
+        results.write(ranks_dir / RESULT_FILE, res.to_dict())
     dist.barrier()
     dist.destroy_process_group()
     return 0

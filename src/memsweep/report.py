@@ -20,49 +20,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from . import results, shapes
+from . import plots, results, shapes, sweep
+from .plots import GIB, PARTS
+from .sweep import SweepError, SweepJob, as_dict
 
-GIB = 2**30
-# Stacks of memory.png and breakdown columns of summary.md; "other" gathers buffers and temporaries.
-PARTS = ("params", "grads", "optimizer", "activations", "other")
-COLORS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
-          "other": "#8c8c8c"}
 FILES = ("summary.csv", "summary.md", "memory.png", "tradeoff.png")
-
-
-class ReportError(Exception):
-    """Bad input: not a sweep dir, or a baseline that names no job."""
-
-
-@dataclass
-class Job:
-    num: int
-    overrides: list[str]
-    status: str  # a results status, or "missing" when the job left no complete results.json
-    reason: Optional[str] = None
-    res: Optional[dict[str, Any]] = None
-    dir: Optional[Path] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def get(self, dotted: str) -> Any:
-        value = self.res
-        for key in dotted.split("."):
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
+ReportError = SweepError  # bad input: not a sweep dir, or a baseline that names no job
 
 
 @dataclass
 class Summary:
     sweep_dir: Path
-    jobs: list[Job]
-    baseline: Optional[Job]
+    jobs: list[SweepJob]
+    baseline: Optional[SweepJob]
     varying: list[str]  # override keys whose value differs between jobs
     common: list[str]  # overrides every job shares
     table: pd.DataFrame  # the human table, numbers unformatted (also the W&B table)
@@ -70,90 +42,14 @@ class Summary:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def failed(self) -> list[Job]:
+    def failed(self) -> list[SweepJob]:
         """Jobs that make a sweep unsuccessful: errors and jobs that left no result."""
         return [j for j in self.jobs if j.status in ("failed", "missing")]
 
 
-# --- collecting the jobs ------------------------------------------------------------------------
-
-def sweep_grid(sweep_dir: Path) -> Optional[list[list[str]]]:
-    """The job overrides of the sweep, in job-number order, recomputed from multirun.yaml the way
-    Hydra's basic sweeper expands them. None when there is no such file or another sweeper ran."""
-    path = sweep_dir / "multirun.yaml"
-    if not path.is_file():
-        return None
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    cfg = OmegaConf.load(path)
-    sweeper = OmegaConf.select(cfg, "hydra.sweeper") or {}
-    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
-        return None
-    arguments = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-    arguments += list(OmegaConf.select(cfg, "hydra.overrides.task") or [])
-    try:
-        parsed = OverridesParser.create(config_loader=_config_loader(cfg)).parse_overrides(arguments)
-        batches = BasicSweeper.split_arguments(parsed, None)
-    except Exception:  # e.g. a config dir that moved since; the job dirs still tell
-        return None
-    return [list(job) for batch in batches for job in batch]
-
-
-def _config_loader(cfg):
-    """A config loader on the sweep's own config dirs: `glob(*)` sweeps list a group's options."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance()  # registers the config source types (file://, pkg://, structured://)
-    search_path = ConfigSearchPathImpl()
-    for source in OmegaConf.select(cfg, "hydra.runtime.config_sources") or []:
-        search_path.append(source.provider, f"{source.schema}://{source.path}")
-    return ConfigLoaderImpl(config_search_path=search_path)
-
-
-def _job_dirs(sweep_dir: Path) -> dict[int, tuple[Path, list[str]]]:
-    """Job number -> (job dir, its overrides), from the .hydra/hydra.yaml Hydra writes as a job starts."""
-    found = {}
-    for hydra_yaml in sorted(sweep_dir.glob("*/.hydra/hydra.yaml")):
-        cfg = OmegaConf.load(hydra_yaml)
-        num = OmegaConf.select(cfg, "hydra.job.num")
-        if num is not None:
-            found[int(num)] = (hydra_yaml.parent.parent, list(OmegaConf.select(cfg, "hydra.overrides.task") or []))
-    return found
-
-
-def collect(sweep_dir: Path) -> list[Job]:
-    sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        raise ReportError(f"{sweep_dir} is not a directory")
-    grid = sweep_grid(sweep_dir) or []
-    found = _job_dirs(sweep_dir)
-    if not grid and not found:
-        raise ReportError(f"{sweep_dir} is not a sweep dir: no multirun.yaml and no job dirs with .hydra/ in it")
-    jobs = []
-    for num in sorted(set(range(len(grid))) | set(found)):
-        job_dir, overrides = found.get(num, (None, grid[num] if num < len(grid) else []))
-        res = results.read(job_dir / results.RESULTS_FILE) if job_dir else None
-        if res is not None:
-            jobs.append(Job(num, list(res["overrides"]), res["status"], res.get("reason"), res, job_dir))
-        elif job_dir is not None:
-            jobs.append(Job(num, overrides, "missing", "no complete results.json: the job was interrupted "
-                                                       "(or is still running)", None, job_dir))
-        else:
-            jobs.append(Job(num, overrides, "missing", "the job never started"))
-    return jobs
-
-
 # --- the baseline -----------------------------------------------------------------------------
 
-def _as_dict(overrides: list[str]) -> dict[str, str]:
-    pairs = (o.split("=", 1) for o in overrides if "=" in o)
-    return {k.lstrip("+~"): v for k, v in pairs}
-
-
-def find_baseline(jobs: list[Job], spec: Optional[str]) -> Job:
+def find_baseline(jobs: list[SweepJob], spec: Optional[str]) -> SweepJob:
     """`report.baseline`: null = the first job; a job number; or overrides the job has ("precision=fp32",
     several separated by commas or spaces; the first job having them all)."""
     if spec is None or str(spec).strip() == "":
@@ -165,11 +61,11 @@ def find_baseline(jobs: list[Job], spec: Optional[str]) -> Job:
                 return job
         raise ReportError(f"baseline {spec}: there is no job {spec}; this sweep has jobs "
                           f"{jobs[0].num}..{jobs[-1].num}")
-    wanted = _as_dict(spec.replace(",", " ").split())
+    wanted = as_dict(spec.replace(",", " ").split())
     if not wanted:
         raise ReportError(f"baseline {spec!r}: give a job number or overrides such as precision=fp32")
     for job in jobs:
-        have = _as_dict(job.overrides)
+        have = as_dict(job.overrides)
         if all(have.get(k) == v for k, v in wanted.items()):
             return job
     raise ReportError(f"baseline {spec}: no job has these overrides; the jobs are: "
@@ -178,30 +74,12 @@ def find_baseline(jobs: list[Job], spec: Optional[str]) -> Job:
 
 # --- the tables -------------------------------------------------------------------------------
 
-def _varying(jobs: list[Job]) -> tuple[list[str], list[str]]:
-    """Override keys whose value differs between jobs (in first-seen order), and the shared overrides."""
-    dicts = [_as_dict(j.overrides) for j in jobs]
-    keys = list(dict.fromkeys(k for d in dicts for k in d))
-    varying = [k for k in keys if len({d.get(k) for d in dicts}) > 1]
-    common = [f"{k}={dicts[0][k]}" for k in keys if k not in varying]
-    return varying, common
-
-
-def _parts_gib(job: Job) -> dict[str, Optional[float]]:
-    """The peak's breakdown in GiB: what was alive at the peak, summing to the peak."""
-    breakdown = job.get("memory.peak_breakdown") if job.ok else None
-    if not breakdown:
-        return {p: None for p in PARTS}
-    other = sum(breakdown.get(k, 0) or 0 for k in ("buffers", "temp", "other"))
-    return {p: (other if p == "other" else breakdown.get(p, 0) or 0) / GIB for p in PARTS}
-
-
-def human_table(jobs: list[Job], baseline: Job, varying: list[str]) -> pd.DataFrame:
+def human_table(jobs: list[SweepJob], baseline: SweepJob, varying: list[str]) -> pd.DataFrame:
     base_peak = baseline.get("memory.peak_bytes") if baseline.ok else None
     base_train = baseline.get("time.train_s") if baseline.ok else None
     rows = []
     for job in jobs:
-        overrides = _as_dict(job.overrides)
+        overrides = as_dict(job.overrides)
         row: dict[str, Any] = {"job": job.num}
         if varying:
             row.update({k: overrides.get(k, "") for k in varying})
@@ -210,7 +88,7 @@ def human_table(jobs: list[Job], baseline: Job, varying: list[str]) -> pd.DataFr
         peak = job.get("memory.peak_bytes") if job.ok else None
         train_s = job.get("time.train_s") if job.ok else None
         row.update(status=job.status, peak_gib=peak / GIB if peak else None)
-        row.update({f"{p}_gib": v for p, v in _parts_gib(job).items()})
+        row.update({f"{p}_gib": v for p, v in plots.parts_gib(job).items()})
         predicted = results.estimate_vs_measured(job.res) if job.ok else {}
         predicted_peak = predicted.get("estimate_peak_bytes")
         row.update(predicted_gib=predicted_peak / GIB if predicted_peak else None,
@@ -231,12 +109,12 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-def _counts(jobs: list[Job]) -> str:
+def _counts(jobs: list[SweepJob]) -> str:
     statuses = [j.status for j in jobs]
     return ", ".join(f"{statuses.count(s)} {s}" for s in (*results.STATUSES, "missing") if s in statuses)
 
 
-def markdown(summary_table: pd.DataFrame, jobs: list[Job], baseline: Job, varying: list[str],
+def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJob, varying: list[str],
              common: list[str], notes: list[str]) -> str:
     t = summary_table
     shown = pd.DataFrame({"#": t["job"]})
@@ -276,7 +154,7 @@ def markdown(summary_table: pd.DataFrame, jobs: list[Job], baseline: Job, varyin
     return "\n".join(lines).rstrip() + "\n"
 
 
-def flat_table(jobs: list[Job], human: pd.DataFrame) -> pd.DataFrame:
+def flat_table(jobs: list[SweepJob], human: pd.DataFrame) -> pd.DataFrame:
     """summary.csv: every results field, flattened with dots; lists as JSON, overrides space-separated."""
     rows = []
     for job in jobs:
@@ -291,74 +169,13 @@ def flat_table(jobs: list[Job], human: pd.DataFrame) -> pd.DataFrame:
     return flat_df.merge(comparison, on="job", how="left")
 
 
-# --- the plots --------------------------------------------------------------------------------
-
-def _label(job: Job, varying: list[str]) -> str:
-    overrides = _as_dict(job.overrides)
-    shown = [f"{k}={overrides[k]}" for k in varying if k in overrides] or job.overrides
-    return f"#{job.num} " + (" ".join(shown) or "default")
-
-
-def plot_memory(jobs: list[Job], varying: list[str], path: Path) -> None:
-    """Horizontal stacked bars, one per job in job order (horizontal: long labels and many jobs fit)."""
-    fig = Figure(figsize=(10, 1.5 + 0.45 * len(jobs)), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ys = list(range(len(jobs)))[::-1]  # first job on top
-    left = [0.0] * len(jobs)
-    for part in PARTS:
-        widths = [_parts_gib(j)[part] or 0.0 for j in jobs]
-        ax.barh(ys, widths, left=left, color=COLORS[part], label=part, height=0.7)
-        left = [a + b for a, b in zip(left, widths)]
-    for y, job, total in zip(ys, jobs, left):
-        text = f"{total:.3f} GiB" if job.ok and total else job.status
-        ax.text(total, y, f"  {text}", va="center", fontsize=8,
-                color="black" if job.ok else "#b22222", fontweight="normal" if job.ok else "bold")
-    ax.set_yticks(ys, [_label(j, varying) for j in jobs], fontsize=8)
-    ax.set_xlim(0, max(left + [1e-3]) * 1.25)
-    ax.set_xlabel("memory at the peak step (GiB)")
-    ax.set_title("Peak memory per job, by what holds it")
-    fig.legend(loc="outside lower center", fontsize=8, ncols=len(PARTS))
-    ax.grid(axis="x", alpha=0.3)
-    fig.savefig(path, dpi=120)
-
-
-def plot_tradeoff(jobs: list[Job], baseline: Job, varying: list[str], path: Path) -> None:
-    fig = Figure(figsize=(8, 6), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ok = [j for j in jobs if j.ok and j.get("memory.peak_bytes") and j.get("time.train_s")]
-    for job in ok:
-        x, y = job.get("time.train_s"), job.get("memory.peak_bytes") / GIB
-        is_base = job is baseline
-        ax.scatter([x], [y], s=70, marker="*" if is_base else "o", color="#c44e52" if is_base else "#4c72b0",
-                   zorder=3)
-        f1 = job.get("metrics.f1")
-        ax.annotate(f"F1 {f1:.3f}" if f1 is not None else "F1 –", (x, y), xytext=(6, 5),
-                    textcoords="offset points", fontsize=9, fontweight="bold")
-        ax.annotate(_label(job, varying), (x, y), xytext=(6, -9), textcoords="offset points", fontsize=7,
-                    color="#555555")
-    left_out = [f"#{j.num} {j.status}" for j in jobs if j not in ok]
-    if left_out:
-        ax.text(0.01, 0.01, "not plotted: " + ", ".join(left_out), transform=ax.transAxes, fontsize=8,
-                color="#b22222", va="bottom")
-    ax.set_xlabel("train time (s)")
-    ax.set_ylabel("peak memory (GiB)")
-    ax.set_title("Memory against time (★ baseline); labels: macro-F1")
-    # from zero, so distances read as proportions; headroom for the labels
-    ax.set_xlim(0, max([j.get("time.train_s") for j in ok], default=1) * 1.4)
-    ax.set_ylim(0, max([j.get("memory.peak_bytes") / GIB for j in ok], default=1) * 1.2)
-    ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=120)
-
-
 # --- all of it ----------------------------------------------------------------------------------
 
 def build(sweep_dir: Path, baseline: Optional[str] = None, strict: bool = True) -> Summary:
     """Read the sweep. A baseline that names no job raises ReportError, or, with strict=False (the end
     of a sweep, which must still get its summary), falls back to the first job with a note."""
     sweep_dir = Path(sweep_dir)
-    jobs = collect(sweep_dir)
+    jobs = sweep.collect(sweep_dir)
     notes = []
     try:
         base = find_baseline(jobs, baseline)
@@ -370,7 +187,7 @@ def build(sweep_dir: Path, baseline: Optional[str] = None, strict: bool = True) 
     if not base.ok:
         notes.append(f"the baseline (job {base.num}) is {base.status}: no Δ memory or speed-up; "
                      f"choose another with report.baseline=<job number or overrides>")
-    varying, common = _varying(jobs)
+    varying, common = sweep.varying(jobs)
     table = human_table(jobs, base, varying)
     return Summary(sweep_dir, jobs, base, varying, common, table,
                    markdown(table, jobs, base, varying, common, notes), notes)
@@ -380,14 +197,9 @@ def write(summary: Summary) -> dict[str, Path]:
     out = {name: summary.sweep_dir / name for name in FILES}
     flat_table(summary.jobs, summary.table).to_csv(out["summary.csv"], index=False)
     out["summary.md"].write_text(summary.markdown)
-    plot_memory(summary.jobs, summary.varying, out["memory.png"])
-    plot_tradeoff(summary.jobs, summary.baseline, summary.varying, out["tradeoff.png"])
+    plots.plot_memory(summary.jobs, summary.varying, out["memory.png"])
+    plots.plot_tradeoff(summary.jobs, summary.baseline, summary.varying, out["tradeoff.png"])
     return out
-
-
-def wandb_group(sweep_dir: str) -> str:
-    """The W&B group of a sweep's runs: its dir as given, "/" -> "_" (as job.hydra_context names it)."""
-    return str(sweep_dir).strip("/").replace("/", "_")
 
 
 def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
@@ -416,7 +228,7 @@ def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
 
 
 def latest_sweep(root: Path = Path("multirun")) -> Optional[Path]:
-    dirs = sorted(p.parent for p in root.glob("*/*/multirun.yaml"))
+    dirs = sorted(p.parent for p in root.glob(f"*/*/{sweep.MULTIRUN_FILE}"))
     return dirs[-1] if dirs else None
 
 
@@ -435,8 +247,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     sweep_dir = Path(args.sweep_dir)
     baseline = args.baseline
-    if baseline is None and (sweep_dir / "multirun.yaml").is_file():
-        baseline = OmegaConf.select(OmegaConf.load(sweep_dir / "multirun.yaml"), "report.baseline")
+    if baseline is None:
+        baseline = sweep.multirun_value(sweep_dir, "report.baseline")
     try:
         summary = build(sweep_dir, baseline)
     except ReportError as exc:
@@ -446,14 +258,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(summary.markdown)
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        from .resume import sweep_dir_as_launched
         from .schema import LoggerConf
 
         # the sweep's own project/entity/tags; asked for explicitly, so logged even if the sweep had logger=none
-        saved = OmegaConf.select(OmegaConf.load(sweep_dir / "multirun.yaml"), "logger") \
-            if (sweep_dir / "multirun.yaml").is_file() else None
+        saved = sweep.multirun_value(sweep_dir, "logger")
         logger_cfg = OmegaConf.merge(OmegaConf.structured(LoggerConf), saved or {}, {"enabled": True})
-        group = wandb_group(sweep_dir_as_launched(sweep_dir))
+        group = sweep.group_of(sweep_dir, summary.jobs)
         print(f"W&B summary run (group {group}): {log_to_wandb(summary, logger_cfg, group)}")
     return 0
 

@@ -1,11 +1,19 @@
-"""results.json: one per job, written atomically (temp file + rename) so a killed job never leaves half a file."""
+"""results.json: the typed result of one job, written atomically (temp file + rename) so a killed job
+never leaves half a file.
+
+`Result` is what a job fills in as it goes (job.py, train_loop.py, launch.py); every field is present
+from the start and what a job does not reach stays null. On disk it is plain JSON, read back as a dict
+by the sweep layer (sweep.py) and everything after it.
+"""
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -14,9 +22,93 @@ RESULTS_FILE = "results.json"
 VERSIONED = ("torch", "transformers", "datasets", "peft", "accelerate", "deepspeed", "bitsandbytes",
              "hydra-core", "omegaconf", "wandb", "memsweep")
 
-
 # Keys that do not change what a job measures: how the sweep is reported, and whether W&B logs it.
 NOT_HASHED = ("hydra", "report", "logger")
+
+
+class Section:
+    def update(self, values: Optional[dict[str, Any]] = None, **more: Any) -> None:
+        """Set fields by name; a name the section does not have is a bug, not a new field."""
+        for key, value in {**(values or {}), **more}.items():
+            if key not in self.__dataclass_fields__:
+                raise KeyError(f"{type(self).__name__} has no field {key!r}")
+            setattr(self, key, value)
+
+
+@dataclass
+class Metrics(Section):
+    f1: Optional[float] = None
+    accuracy: Optional[float] = None
+    train_loss: Optional[float] = None
+    eval_loss: Optional[float] = None
+
+
+@dataclass
+class Timing(Section):
+    train_s: Optional[float] = None
+    total_s: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    optimizer_steps: Optional[int] = None
+    step_s_median: Optional[float] = None  # per optimizer step, warm-up and ledger steps left out
+    steps_timed: Optional[int] = None
+    setup_s: Optional[float] = None  # job set-up to the first step
+    startup_s: Optional[float] = None  # process start to the first step
+    minor_faults_per_step: Optional[int] = None
+    eval_s: Optional[float] = None
+
+
+@dataclass
+class Memory(Section):
+    peak_bytes: Optional[int] = None
+    params_bytes: Optional[int] = None
+    grads_bytes: Optional[int] = None
+    optimizer_bytes: Optional[int] = None
+    activations_bytes: Optional[int] = None
+    buffers_bytes: Optional[int] = None
+    temp_bytes: Optional[int] = None
+    other_bytes: Optional[int] = None
+    peak_breakdown: Optional[dict[str, int]] = None  # at the peak; sums to peak_bytes
+    ledger_step: Optional[int] = None
+    ledger_seq_len: Optional[int] = None
+    device: Optional[str] = None
+    cuda_max_allocated: Optional[int] = None
+    cuda_max_reserved: Optional[int] = None
+    process_peak_rss: Optional[int] = None
+    per_rank: Optional[list[dict[str, Any]]] = None  # multi-process jobs: each rank's ledger
+
+
+@dataclass
+class Result:
+    status: str = "failed"
+    reason: Optional[str] = "the job did not finish"
+    overrides: list[str] = field(default_factory=list)
+    config_hash: str = ""
+    wandb_group: Optional[str] = None  # the sweep's (or single run's) W&B group, see sweep.wandb_group
+    metrics: Metrics = field(default_factory=Metrics)
+    time: Timing = field(default_factory=Timing)
+    memory: Memory = field(default_factory=Memory)
+    effective: dict[str, Any] = field(default_factory=dict)  # what was observed in effect (measure.effective)
+    estimate: Optional[dict[str, Any]] = None  # the estimator's prediction, made before training
+    shape_advice: Optional[dict[str, Any]] = None  # tensor-core shape flags on a GPU profile (shapes.py)
+    hardware: Optional[dict[str, Any]] = None  # the resolved hardware profile
+    data: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Optional[str]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, overrides: list[str], cfg_hash: str, wandb_group: Optional[str] = None) -> "Result":
+        return cls(overrides=list(overrides), config_hash=cfg_hash, wandb_group=wandb_group, versions=versions())
+
+    def end(self, status: str, reason: Optional[str]) -> None:
+        self.status, self.reason = status, reason
+
+    def merge(self, saved: dict[str, Any], sections: tuple[str, ...]) -> None:
+        """Take these sections of a result read back from disk (a rank's), field by field."""
+        for name in sections:
+            getattr(self, name).update(saved.get(name) or {})  # a Section or a dict: both take a dict
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -28,7 +120,7 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def versions() -> dict[str, str | None]:
+def versions() -> dict[str, Optional[str]]:
     found = {}
     for name in VERSIONED:
         try:
@@ -36,29 +128,6 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-def empty(overrides: list[str], cfg_hash: str) -> dict[str, Any]:
-    """Every field present from the start; what a job does not reach stays null."""
-    return {
-        "status": "failed",
-        "reason": "the job did not finish",
-        "overrides": overrides,
-        "config_hash": cfg_hash,
-        "metrics": {"f1": None, "accuracy": None, "train_loss": None, "eval_loss": None},
-        "time": {"train_s": None, "total_s": None, "samples_per_s": None, "tokens_per_s": None,
-                 "optimizer_steps": None, "step_s_median": None, "steps_timed": None, "setup_s": None,
-                 "startup_s": None, "minor_faults_per_step": None},
-        "memory": {"peak_bytes": None, "params_bytes": None, "grads_bytes": None, "optimizer_bytes": None,
-                   "activations_bytes": None, "buffers_bytes": None, "temp_bytes": None, "other_bytes": None,
-                   "peak_breakdown": None, "ledger_step": None, "ledger_seq_len": None, "device": None,
-                   "cuda_max_allocated": None, "cuda_max_reserved": None, "process_peak_rss": None},
-        "effective": {},
-        "estimate": None,  # the estimator's prediction, made before training (measure.estimate)
-        "shape_advice": None,  # tensor-core shape flags on a GPU profile (shapes.py)
-        "data": {},
-        "versions": versions(),
-    }
 
 
 def write(path: Path, results: dict[str, Any]) -> None:
@@ -71,7 +140,7 @@ def write(path: Path, results: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read(path: Path) -> dict[str, Any] | None:
+def read(path: Path) -> Optional[dict[str, Any]]:
     """A complete results file, or None (missing, or not valid JSON)."""
     try:
         with open(path) as f:

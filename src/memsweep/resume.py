@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from . import results
+from . import results, sweep
 
 LEFTOVERS = (results.RESULTS_FILE, "traceback.txt", "wandb/offline-run-*", "wandb/run-*")
 
@@ -66,32 +66,13 @@ def skip_if_done(cfg: DictConfig) -> Optional[dict[str, Any]]:
     return None
 
 
-def sweep_dir_as_launched(sweep_dir: Path) -> str:
-    """The sweep dir spelled as its jobs saw it (their W&B group is made from that spelling): the
-    `hydra.sweep.dir=` override it was launched with, else (the default multirun/<date>/<time>)
-    its path relative to the current dir."""
-    sweep_dir = Path(sweep_dir)
-    given = [o.split("=", 1)[1] for o in _multirun_cfg(sweep_dir, "hydra.overrides.hydra")
-             if o.startswith("hydra.sweep.dir=")]
-    if given and Path(given[-1]).exists() and Path(given[-1]).samefile(sweep_dir):
-        return given[-1]
-    try:
-        return str(sweep_dir.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(sweep_dir)
-
-
-def _multirun_cfg(sweep_dir: Path, key: str) -> list[str]:
-    path = Path(sweep_dir) / "multirun.yaml"
-    return list(OmegaConf.select(OmegaConf.load(path), key) or []) if path.is_file() else []
-
-
 def resume_command(sweep_dir: Path, extra: list[str]) -> list[str]:
     """`train.py -m` arguments: the sweep's own overrides (multirun.yaml), into the same dir."""
-    hydra_overrides = [o for o in _multirun_cfg(sweep_dir, "hydra.overrides.hydra")
+    hydra_overrides = [o for o in sweep.multirun_value(sweep_dir, "hydra.overrides.hydra") or []
                        if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
-    task = _multirun_cfg(sweep_dir, "hydra.overrides.task")
-    return ["-m", *hydra_overrides, *task, f"hydra.sweep.dir={sweep_dir_as_launched(sweep_dir)}", *extra]
+    task = list(sweep.multirun_value(sweep_dir, "hydra.overrides.task") or [])
+    # the dir spelled as it was launched: the jobs' W&B group is made from that spelling
+    return ["-m", *hydra_overrides, *task, f"hydra.sweep.dir={sweep.launched_dir(sweep_dir)}", *extra]
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -99,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     usage = "usage: python -m memsweep.resume multirun/<date>/<time> [overrides]"
     if not argv:
         sys.exit(f"memsweep resume: error: no sweep dir given; {usage}")
-    if not (Path(argv[0]) / "multirun.yaml").is_file():
+    if not (Path(argv[0]) / sweep.MULTIRUN_FILE).is_file():
         sys.exit(f"memsweep resume: error: {argv[0]} is not a sweep dir (no multirun.yaml); {usage}")
     train_py = Path(__file__).resolve().parents[2] / "train.py"
     if not train_py.is_file():

@@ -9,6 +9,7 @@ from typing import Callable
 
 from .errors import Unsupported
 from .schema import Config, HardwareConf
+from .techniques import optim, precision
 
 
 @dataclass(frozen=True)
@@ -33,18 +34,18 @@ def _ds_op_prebuilt(op: str) -> bool:
     return any(root.rglob(f"{op}*.so"))
 
 
-def _optim(cfg: Config) -> str:
-    return cfg.optim.hf_name.value
+def _optim(cfg: Config) -> optim.Traits:
+    return optim.traits(cfg.optim.hf_name)
 
 
-def _precision(cfg: Config) -> str:
-    return cfg.precision.name.value
+def _precision(cfg: Config) -> precision.Traits:
+    return precision.traits(cfg.precision.name)
 
 
 RULES: list[Rule] = [
-    Rule("bf16-unsupported", lambda c, hw: _precision(c) in ("bf16", "bf16_true") and not hw.bf16,
+    Rule("bf16-unsupported", lambda c, hw: _precision(c).needs == "bf16" and not hw.bf16,
          "bf16 needs an Ampere-or-newer GPU (or a CPU); this profile has none — use precision=fp16"),
-    Rule("tf32-unsupported", lambda c, hw: _precision(c) == "tf32" and not hw.tf32,
+    Rule("tf32-unsupported", lambda c, hw: _precision(c).needs == "tf32" and not hw.tf32,
          "TF32 is a tensor-core mode of Ampere-or-newer GPUs; this device has no TF32 matmuls"),
     Rule("no-gpu", lambda c, hw: hw.device == "cuda" and not _cuda(),
          "this hardware profile is a CUDA GPU and none is visible here; predict it without a GPU with "
@@ -57,25 +58,25 @@ RULES: list[Rule] = [
     Rule("flash-attention", lambda c, hw: c.attention.implementation.value == "flash_attention_2"
          and (hw.device != "cuda" or not _installed("flash_attn")),
          "flash_attention_2 needs a CUDA GPU and the flash-attn package; use attention=sdpa"),
-    Rule("bitsandbytes-missing", lambda c, hw: (c.lora.quantize.value != "none" or "bnb" in _optim(c)
-                                                or "8bit" in _optim(c)) and not _installed("bitsandbytes"),
+    Rule("bitsandbytes-missing", lambda c, hw: (c.lora.quantize.value != "none" or _optim(c).bitsandbytes)
+         and not _installed("bitsandbytes"),
          "8-bit/4-bit weights and optimizers need the bitsandbytes package"),
     Rule("quantized-with-deepspeed", lambda c, hw: c.lora.quantize.value != "none" and c.deepspeed.stage is not None,
          "DeepSpeed partitions and casts the weights itself; bitsandbytes-quantized base weights "
          "cannot be handed to it — use lora=r8 with DeepSpeed, or deepspeed=none with qlora/int8"),
-    Rule("8bit-optim-with-zero", lambda c, hw: ("8bit" in _optim(c)) and (c.deepspeed.stage or 0) >= 1,
+    Rule("8bit-optim-with-zero", lambda c, hw: _optim(c).bitsandbytes and (c.deepspeed.stage or 0) >= 1,
          "ZeRO partitions the optimizer state itself; bitsandbytes' 8-bit state cannot be partitioned"),
     Rule("offload-needs-adam", lambda c, hw: (c.deepspeed.offload_optimizer or c.deepspeed.offload_param)
-         and _optim(c) not in ("adamw_torch", "adamw_torch_fused"),
+         and (_optim(c).rule != "adamw" or _optim(c).bitsandbytes),
          "ZeRO offload steps the optimizer on the CPU with DeepSpeed's CPUAdam: use optim=adamw"),
     Rule("offload-needs-cpu-adam-op", lambda c, hw: c.deepspeed.offload_optimizer and not _ds_op_prebuilt("cpu_adam"),
          "ZeRO offload needs DeepSpeed's cpu_adam op, which is not built; reinstall with make install "
          "(it prebuilds the op)"),
     Rule("deepspeed-cpu-fp16", lambda c, hw: c.deepspeed.stage is not None and hw.device == "cpu"
-         and _precision(c) == "fp16",
+         and _precision(c).loss_scaling,
          "on the CPU memsweep does fp16 with autocast + GradScaler, which cannot drive DeepSpeed's "
          "engine (it does its own loss scaling); use precision=bf16 or fp32 with DeepSpeed here"),
-    Rule("deepspeed-bf16-true", lambda c, hw: c.deepspeed.stage is not None and _precision(c) == "bf16_true",
+    Rule("deepspeed-bf16-true", lambda c, hw: c.deepspeed.stage is not None and _precision(c).param_bytes == 2,
          "DeepSpeed keeps its own fp32 master weights; use precision=bf16 (mixed) with DeepSpeed"),
     Rule("activation-offload-on-cpu", lambda c, hw: c.offload.activations and hw.device == "cpu",
          "activations already live in host memory on the CPU: offloading them there only adds a copy; "
@@ -87,10 +88,10 @@ RULES: list[Rule] = [
          "accelerator (\"Cannot access accelerator device when none is available\"); on the CPU the parameters "
          "already live in host memory: fsdp=full_shard_offload is for GPUs, use fsdp=full_shard here"),
     Rule("8bit-optim-with-fsdp",
-         lambda c, hw: ("bnb" in _optim(c) or "8bit" in _optim(c)) and c.fsdp.strategy is not None,
+         lambda c, hw: _optim(c).bitsandbytes and c.fsdp.strategy is not None,
          "FSDP2 shards parameters as DTensors and bitsandbytes' optimizer kernels have no DTensor sharding rule "
          "(\"bitsandbytes.optimizer_update_32bit does not have a sharding strategy registered\"): use optim=adamw"),
-    Rule("adafactor-with-fsdp", lambda c, hw: _optim(c) == "adafactor" and c.fsdp.strategy is not None,
+    Rule("adafactor-with-fsdp", lambda c, hw: _optim(c).rule == "adafactor" and c.fsdp.strategy is not None,
          "transformers' Adafactor keeps plain-tensor state next to FSDP2's DTensor parameters "
          "(\"got mixed torch.Tensor and DTensor\"): use optim=adamw or sgd with FSDP"),
 ]
@@ -102,10 +103,11 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def check(cfg: Config, hw: HardwareConf) -> None:
-    """Raise Unsupported with the first matching rule's reason."""
+def check(cfg: Config, hw: HardwareConf, skip: tuple[str, ...] = ()) -> None:
+    """Raise Unsupported with the first matching rule's reason; rules named in `skip` are not asked
+    (an estimate skips `no-gpu`: it predicts a GPU without one)."""
     for rule in RULES:
-        if rule.refuses(cfg, hw):
+        if rule.name not in skip and rule.refuses(cfg, hw):
             raise Unsupported(f"{rule.name}: {rule.reason}")
 
 

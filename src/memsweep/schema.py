@@ -6,10 +6,15 @@ OmegaConf before any code runs. Enums list the allowed values in their error mes
 """
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II
+
+
+# conf/: one folder per config group (train.py composes it; the estimate CLI and hardware=auto read it too).
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 class Mode(str, Enum):

@@ -3,7 +3,6 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -14,21 +13,15 @@ from transformers.utils import logging as hf_logging
 from . import data as data_mod
 from . import host_memory, memcap
 from . import model as model_mod
-from . import shapes
+from . import procenv, shapes
 from .errors import Diverged
 from .measure import LedgerCallback, effective, param_bytes
-from .plan import Plan
+from .plan import Plan, build_plan
+from .results import Result
 from .schema import Config, HardwareConf
 from .steptime import StepTimer
-from .techniques import apply_all
 from .trainer import DivergenceCallback, MemsweepTrainer
 from .wandb_log import WandbLogCallback
-
-
-def build_plan(job: Config, profile: HardwareConf) -> Plan:
-    plan = Plan(device=profile.device)
-    apply_all(job, plan, job)
-    return plan
 
 
 def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, nproc: int, epochs: float,
@@ -66,7 +59,7 @@ def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArgume
 
 
 @dataclass
-class Job:
+class Built:
     """A built job: the trainer and what measures it."""
     trainer: MemsweepTrainer
     data: data_mod.TextData
@@ -75,8 +68,9 @@ class Job:
     step_timer: StepTimer
 
 
-def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
+def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     """Tokenizer, data, model with every technique applied, and the Trainer that will run it."""
+    procenv.prepare()
     hf_logging.set_verbosity_error()
     if job.threads:
         torch.set_num_threads(job.threads)
@@ -85,13 +79,15 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
     torch.manual_seed(job.seed)
     shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     plan = build_plan(job, profile)
+    if plan.process_group:
+        procenv.enter_group_of_one()  # left again by release(), also when building fails
 
     tokenizer = model_mod.load_tokenizer(job.model)
     data = data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len)
     model = plan.transform(model_mod.load_model(job.model, len(data.label_names), plan.load_kwargs))
 
     steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
-                            job.distributed.nproc, job.epochs, job.max_steps)
+                            plan.nproc, job.epochs, job.max_steps)
     ledger_step = min(job.measure.warmup_steps + 1, steps)
     ledger = LedgerCallback(step=ledger_step, seq_len=job.max_seq_len, enabled=job.measure.ledger)
     divergence = DivergenceCallback()
@@ -108,28 +104,28 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Job:
         pad_to=job.max_seq_len,
         pad_measured_step=ledger_step if job.measure.ledger else -1,
     )
-    return Job(trainer, data, ledger, divergence, step_timer)
+    return Built(trainer, data, ledger, divergence, step_timer)
 
 
-def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: dict[str, Any], run) -> None:
+def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: Result, run) -> None:
     built = None
     setup_started = time.perf_counter()
     try:
         built = build(job, profile, job_dir, run)
-        res["shape_advice"] = shapes.audit(profile, built.trainer.plan.micro_batch_size,
+        res.shape_advice = shapes.audit(profile, built.trainer.plan.micro_batch_size,
                                            built.trainer.model.config.vocab_size, job.data.pad_to_multiple_of)
         model = built.trainer.model
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM
             _train_and_evaluate(built, profile, res, run)
-        res["time"].update(built.step_timer.summary(setup_started))
+        res.time.update(built.step_timer.summary(setup_started))
     finally:
         release(built)
 
 
-def _train_and_evaluate(built: Job, profile: HardwareConf, res: dict[str, Any], run) -> None:
+def _train_and_evaluate(built: Built, profile: HardwareConf, res: Result, run) -> None:
     trainer, data = built.trainer, built.data
-    res["data"] = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
+    res.data = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
     out = trainer.train()
     if built.divergence.diverged_at is not None:
         raise Diverged(f"loss became NaN/inf by optimizer step {built.divergence.diverged_at}")
@@ -137,26 +133,26 @@ def _train_and_evaluate(built: Job, profile: HardwareConf, res: dict[str, Any], 
         raise Diverged(f"mean training loss is {out.training_loss}")
     train_s = out.metrics["train_runtime"]
     tokens = trainer.tokens_seen()
-    res["data"]["train_tokens_seen"] = tokens  # non-padding: which examples were trained on, in total
+    res.data["train_tokens_seen"] = tokens  # non-padding: which examples were trained on, in total
 
     started = time.perf_counter()
     prediction = trainer.predict(data.eval)
     predicted = np.argmax(prediction.predictions, axis=-1)
     labels = prediction.label_ids
-    res["metrics"].update(
+    res.metrics.update(
         f1=float(f1_score(labels, predicted, average="macro")),
         accuracy=float(accuracy_score(labels, predicted)),
         train_loss=float(out.training_loss),
         eval_loss=float(prediction.metrics.get("test_loss", float("nan"))),
     )
-    res["time"].update(train_s=round(train_s, 3), eval_s=round(time.perf_counter() - started, 3),
+    res.time.update(train_s=round(train_s, 3), eval_s=round(time.perf_counter() - started, 3),
                        samples_per_s=out.metrics["train_samples_per_second"],
                        tokens_per_s=round(tokens / train_s, 1) if train_s else None,
                        optimizer_steps=trainer.state.global_step)
 
     ledger = built.ledger.ledger if built.ledger.ledger and built.ledger.ledger.peak_bytes else None
-    mem = res["memory"]
-    mem["device"] = profile.device
+    mem = res.memory
+    mem.device = profile.device
     if ledger is not None:
         b = ledger.breakdown
         mem.update(peak_bytes=ledger.peak_bytes, params_bytes=b.get("params", 0), grads_bytes=ledger.grads_bytes,
@@ -164,17 +160,15 @@ def _train_and_evaluate(built: Job, profile: HardwareConf, res: dict[str, Any], 
                    buffers_bytes=b.get("buffers", 0), temp_bytes=b.get("temp", 0), other_bytes=b.get("other", 0),
                    peak_breakdown=b, ledger_step=ledger.step, ledger_seq_len=ledger.seq_len)
     else:
-        mem["params_bytes"] = param_bytes(trainer.model)
-    res["effective"] = effective(trainer.model, trainer, ledger)
+        mem.params_bytes = param_bytes(trainer.model)
+    res.effective.update(effective(trainer.model, trainer, ledger))  # beside what the job recorded (autofit)
     if run is not None:
-        run.log({"eval/f1": res["metrics"]["f1"], "eval/accuracy": res["metrics"]["accuracy"]})
+        run.log({"eval/f1": res.metrics.f1, "eval/accuracy": res.metrics.accuracy})
 
 
-def release(built: Job | None) -> None:
+def release(built: Built | None) -> None:
     """Leave the process clean for the next job of a sweep (Hydra's basic launcher runs them all in one)."""
-    from . import distributed
-
     if built is not None:
         built.ledger.close()  # a job that raised inside the ledger step leaves its tracker open
         built.trainer.accelerator.free_memory()
-    distributed.teardown()
+    procenv.teardown()

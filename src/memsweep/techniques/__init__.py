@@ -1,4 +1,5 @@
-"""One module per config group. Each exposes `apply(section, plan, job)`, reading only its own section.
+"""One module per config group. Each exposes `apply(section, plan)`, reading only its own section and
+the plan (plan.py carries what a technique needs from outside its group).
 
 `APPLY_ORDER` is the order the groups write into the plan (and so the order of model transforms):
 the model is loaded (precision, attention, init, lora quantization), then frozen, then wrapped by
@@ -24,6 +25,6 @@ APPLY_ORDER = [
 ]
 
 
-def apply_all(cfg, plan, job) -> None:
+def apply_all(job, plan) -> None:
     for group, module in APPLY_ORDER:
-        module.apply(getattr(cfg, group), plan, job)
+        module.apply(getattr(job, group), plan)

@@ -12,6 +12,6 @@ def enable(model):
     return model
 
 
-def apply(cfg, plan, job) -> None:
+def apply(cfg, plan) -> None:
     if cfg.enabled:
         plan.model_transforms.append(enable)

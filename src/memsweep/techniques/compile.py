@@ -1,6 +1,6 @@
 """compile: off | on (torch.compile through Trainer's `torch_compile`)."""
 
 
-def apply(cfg, plan, job) -> None:
+def apply(cfg, plan) -> None:
     if cfg.enabled:
         plan.args["torch_compile"] = True

@@ -1,7 +1,7 @@
 """dataloader: default | fast (worker processes, pinned memory, persistent workers, prefetch)."""
 
 
-def apply(cfg, plan, job) -> None:
+def apply(cfg, plan) -> None:
     plan.args.update(dataloader_num_workers=cfg.num_workers, dataloader_pin_memory=cfg.pin_memory,
                      dataloader_persistent_workers=cfg.persistent_workers and cfg.num_workers > 0)
     if cfg.num_workers > 0 and cfg.prefetch_factor:

@@ -3,9 +3,6 @@
 The DeepSpeed JSON is generated from the composed config, with "auto" wherever Trainer fills the value
 in from its own arguments, so batch size, accumulation, precision and clipping never disagree.
 """
-from ..distributed import single_process_env
-
-
 def ds_config(cfg) -> dict:
     # "auto" bucket sizes: Trainer sizes them from the model's hidden size. DeepSpeed's own default
     # (5e8 elements) allocates ~1.9 GiB of fp32 reduce buckets whatever the model.
@@ -34,7 +31,7 @@ def ds_config(cfg) -> dict:
     return config
 
 
-def apply(cfg, plan, job) -> None:
+def apply(cfg, plan) -> None:
     if cfg.stage is not None:
-        single_process_env()
+        plan.process_group = True
         plan.args["deepspeed"] = ds_config(cfg)

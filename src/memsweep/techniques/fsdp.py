@@ -8,10 +8,10 @@ Trainer's `fsdp` / `fsdp_config`, so Accelerate shards the model exactly as it d
   second time and fails (TypeError in DeviceMesh._concatenate, accelerate 1.15 / torch 2.13).
 - Accelerate drops the FSDP plugin on the CPU and wraps in DDP instead; MemsweepTrainer puts it back
   (trainer.py). Offload to the CPU needs an accelerator: refused by a rule on the CPU.
-- Without a launcher this is a process group of one (gloo on the CPU); under torchrun the group is the
-  launcher's and every rank holds 1/world_size of each parameter.
+- Without a launcher this is a process group of one (gloo on the CPU, made by procenv when the job
+  builds its Trainer); under torchrun the group is the launcher's and every rank holds 1/world_size
+  of each parameter.
 """
-from ..distributed import single_process_env
 from ..model import find_module
 from ..schema import FsdpStrategy
 
@@ -33,11 +33,12 @@ def wrap_layers(model, config: dict, layers_module: str):
     return model
 
 
-def apply(cfg, plan, job) -> None:
+def apply(cfg, plan) -> None:
     if cfg.strategy is None:
         return
-    single_process_env()
+    plan.process_group = True
     config = fsdp_config(cfg)
     plan.args["fsdp"] = True
     plan.args["fsdp_config"] = config
-    plan.model_transforms.append(lambda model: wrap_layers(model, config, job.model.layers_module))
+    layers = plan.structure.layers
+    plan.model_transforms.append(lambda model: wrap_layers(model, config, layers))

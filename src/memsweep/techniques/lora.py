@@ -11,19 +11,20 @@ def quantization_config(quantize: Quantize, skip_modules: list[str]):
     return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip_modules)
 
 
-def wrap(model, cfg, model_cfg):
+def wrap(model, cfg, structure):
     from peft import LoraConfig, TaskType, get_peft_model
 
-    head = [m.split(".")[-1] for m in model_cfg.head_modules]
+    head = [m.split(".")[-1] for m in structure.head]
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                        target_modules=list(cfg.target_modules or model_cfg.attention_modules),
+                        target_modules=list(cfg.target_modules or structure.attention),
                         modules_to_save=head)
     return get_peft_model(model, config)
 
 
-def apply(cfg, plan, job) -> None:
+def apply(cfg, plan) -> None:
     if not cfg.enabled:
         return
+    structure = plan.structure
     if cfg.quantize != Quantize.none:
-        plan.load_kwargs["quantization_config"] = quantization_config(cfg.quantize, job.model.quantize_skip_modules)
-    plan.model_transforms.append(lambda model: wrap(model, cfg, job.model))
+        plan.load_kwargs["quantization_config"] = quantization_config(cfg.quantize, list(structure.quantize_skip))
+    plan.model_transforms.append(lambda model: wrap(model, cfg, structure))

@@ -4,7 +4,7 @@ import functools
 import torch
 
 
-def apply(cfg, plan, job) -> None:
+def apply(cfg, plan) -> None:
     if cfg.activations:
         plan.forward_contexts.append(
             functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=plan.device == "cuda"))

@@ -1,9 +1,43 @@
-"""optim: the optimizer, by transformers' `optim` names (adamw_torch, sgd, adafactor, adamw_bnb_8bit, ...)."""
+"""optim: the optimizer, by transformers' `optim` names (adamw_torch, sgd, adafactor, adamw_bnb_8bit, ...).
+
+This module owns what an optimizer name means beyond its Trainer name (`traits`): which update rule
+it runs, how its state is stored, whether bitsandbytes steps it. Rules and the estimator ask here.
+"""
+from dataclasses import dataclass
+
+from ..schema import OptimName
 
 
-def apply(cfg, plan, job) -> None:
-    plan.args.update(optim=cfg.hf_name.value, learning_rate=job.lr, weight_decay=cfg.weight_decay,
+@dataclass(frozen=True)
+class Traits:
+    rule: str  # the update rule: "adamw", "sgd" or "adafactor"
+    state_bits: int  # 32, or 8 for bitsandbytes' block-wise quantized states
+    paged: bool  # bitsandbytes' paged state (unified memory that can spill to the host)
+    fused: bool  # torch's fused kernel: one kernel for the step, no temporaries
+
+    @property
+    def bitsandbytes(self) -> bool:
+        """Stepped by bitsandbytes' own kernels (which read values: no fake tensors, no DTensor, no ZeRO)."""
+        return self.state_bits == 8 or self.paged
+
+
+TRAITS = {
+    OptimName.adamw_torch: Traits("adamw", 32, paged=False, fused=False),
+    OptimName.adamw_torch_fused: Traits("adamw", 32, paged=False, fused=True),
+    OptimName.sgd: Traits("sgd", 32, paged=False, fused=False),
+    OptimName.adafactor: Traits("adafactor", 32, paged=False, fused=False),
+    OptimName.adamw_bnb_8bit: Traits("adamw", 8, paged=False, fused=False),
+    OptimName.paged_adamw_8bit: Traits("adamw", 8, paged=True, fused=False),
+}
+
+
+def traits(hf_name) -> Traits:
+    return TRAITS[OptimName(hf_name)]
+
+
+def apply(cfg, plan) -> None:
+    plan.args.update(optim=cfg.hf_name.value, learning_rate=plan.lr, weight_decay=cfg.weight_decay,
                      max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_ratio,
                      lr_scheduler_type=cfg.scheduler)
-    if cfg.hf_name.value == "sgd":
+    if traits(cfg.hf_name).rule == "sgd":
         plan.args["optim_args"] = f"momentum={cfg.momentum}"

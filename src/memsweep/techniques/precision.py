@@ -1,10 +1,41 @@
-"""precision: fp32 | tf32 | fp16 (mixed, loss scaling) | bf16 (mixed) | bf16_true (everything bf16)."""
+"""precision: fp32 | tf32 | fp16 (mixed, loss scaling) | bf16 (mixed) | bf16_true (everything bf16).
+
+This module owns what a precision name means (`traits`): bytes of a stored weight and of a matmul
+output, autocast, loss scaling, the dtype whose peak rate times it, and the capability it needs.
+Rules and the estimator ask here.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 from ..schema import PrecisionName
 
 
-def apply(cfg, plan, job) -> None:
+@dataclass(frozen=True)
+class Traits:
+    param_bytes: int  # a stored weight (and the residual stream, which keeps the weights' dtype)
+    compute_bytes: int  # a matmul's output
+    autocast: bool  # mixed: 16-bit compute under autocast, fp32 master weights
+    loss_scaling: bool  # fp16's GradScaler
+    compute: str  # the key of the hardware profile's `tflops`
+    needs: Optional[str]  # the hardware profile's capability flag it needs (bf16, tf32)
+
+
+TRAITS = {
+    PrecisionName.fp32: Traits(4, 4, autocast=False, loss_scaling=False, compute="fp32", needs=None),
+    PrecisionName.tf32: Traits(4, 4, autocast=False, loss_scaling=False, compute="tf32", needs="tf32"),
+    PrecisionName.fp16: Traits(4, 2, autocast=True, loss_scaling=True, compute="fp16", needs=None),
+    PrecisionName.bf16: Traits(4, 2, autocast=True, loss_scaling=False, compute="bf16", needs="bf16"),
+    PrecisionName.bf16_true: Traits(2, 2, autocast=False, loss_scaling=False, compute="bf16", needs="bf16"),
+}
+
+
+def traits(name) -> Traits:
+    return TRAITS[PrecisionName(name)]
+
+
+def apply(cfg, plan) -> None:
     name = PrecisionName(cfg.name)
     if name == PrecisionName.tf32:
         plan.args["tf32"] = True

@@ -1,0 +1,68 @@
+"""`python -m memsweep.estimate [-m] <overrides>`: estimate a job or a sweep grid offline (no training,
+no weights, no GPU); estimate.json per job, estimate.md for the sweep."""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .. import schema, sweep
+from ..errors import Unsupported
+from ..schema import Config
+from .core import run_estimate
+from .table import write_sweep_table
+
+
+def compose(overrides: list[str]) -> Config:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    schema.register_configs()
+    with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_object(cfg)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+
+    from .. import hardware
+
+    parser = argparse.ArgumentParser(prog="python -m memsweep.estimate",
+                                     description="Estimate the peak memory, FLOPs and step time of a job or a "
+                                                 "sweep grid offline (no training, no weights, no GPU).")
+    parser.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with train.py; "
+                        "comma-separated values always make a grid")
+    parser.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/estimate/<date>/<time>)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from config files and keys, never the hub
+    out = args.out or Path("outputs/estimate") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    started = time.perf_counter()
+    jobs = sweep.expand(args.overrides)
+    failed = 0
+    for n, overrides in enumerate(jobs):
+        job_dir = out / str(n)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (sweep.ESTIMATE_FILE, sweep.STATUS_FILE):  # from an earlier run into the same dir
+            (job_dir / stale).unlink(missing_ok=True)
+        (job_dir / sweep.OVERRIDES_FILE).write_text(json.dumps(overrides))
+        print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
+        try:
+            job = compose(overrides)
+            run_estimate(job, hardware.detect(job.hardware), job_dir)
+        except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
+            status = "unsupported" if isinstance(exc, Unsupported) else "failed"
+            failed += status == "failed"
+            (job_dir / sweep.STATUS_FILE).write_text(json.dumps({"status": status, "reason": str(exc)[:500]}))
+            print(f"[memsweep] {status}: {exc}", flush=True)
+    table = write_sweep_table(out)
+    print("\n" + table.read_text(), flush=True)
+    print(f"[memsweep] {len(jobs)} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""A job's estimate: both estimators on one hardware profile, the trace the answer where it runs, the
+closed form where it cannot (and as a cross-check everywhere else); the profile's CUDA context, the
+fit against its capacity, FLOPs and a lower bound on step time at its peak TFLOP/s."""
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import results, rules, shapes
+from ..plan import build_plan
+from ..schema import Config, HardwareConf
+from ..sweep import ESTIMATE_FILE
+from ..techniques import precision
+from .arch import meta_model, model_config, num_labels
+from .closed_form import closed_form
+from .inventory import inventory
+from .table import summary_line
+from .trace import Untraceable, count_flops, optimizer_spec, trace
+
+GIB = 2**30
+
+
+def capacity_bytes(profile: HardwareConf) -> Optional[int]:
+    if profile.memory_gib is not None:
+        return int(profile.memory_gib * GIB)
+    if profile.device == "cpu":  # the host's memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True) -> dict[str, Any]:
+    """Both estimators for one job on one hardware profile; the trace is the answer where it runs."""
+    started = time.perf_counter()
+    shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
+    plan = build_plan(job, profile)
+    config, source = model_config(job.model, num_labels(job))
+    model = meta_model(job, plan, config)
+    inv = inventory(model, job)
+    _, optim_kwargs, _ = optimizer_spec(plan, model)
+    closed = closed_form(inv, config, job, plan, profile, optim_kwargs)
+    traced, reason = None, None
+    if trace_enabled:
+        try:
+            traced = trace(job, profile, plan, model)
+        except Untraceable as exc:
+            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - the closed form still answers; say why
+            reason = f"the trace failed: {type(exc).__name__}: {str(exc)[:300]}"
+    else:
+        reason = "trace disabled"
+    chosen = traced or closed
+    flops, flops_source = chosen["flops_per_step"], "FlopCounterMode"
+    if traced is None:
+        try:
+            flops = count_flops(job, profile, plan, meta_model(job, plan, config))
+        except Exception:  # noqa: BLE001 - fall back to the matmul count of the closed form
+            flops_source = "closed_form"
+
+    overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
+    total = chosen["peak_bytes"] + overhead
+    capacity = capacity_bytes(profile)
+    key = precision.traits(job.precision.name).compute
+    tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
+    trainable = sum(t.numel for t in inv.params if t.trainable)
+    breakdown = dict(chosen["breakdown"])
+    breakdown["overhead"] = overhead
+    return {
+        "method": "trace" if traced else "closed_form",
+        "method_reason": reason,
+        "hardware": profile.name,
+        "device": profile.device,
+        "micro_batch_size": plan.micro_batch_size,
+        "accumulation_steps": plan.accumulation_steps,
+        "seq_len": job.max_seq_len,
+        "peak_bytes": chosen["peak_bytes"],  # the device peak, as results.json memory.peak_bytes
+        "overhead_bytes": overhead,  # the profile's CUDA context
+        "total_bytes": total,
+        "breakdown": breakdown,
+        "activations_bytes": chosen["activations_bytes"],
+        "grads_bytes": chosen["grads_bytes"],
+        "optimizer_bytes": chosen["optimizer_bytes"],
+        "capacity_bytes": capacity,
+        "fits": None if capacity is None else total <= capacity,
+        "margin_bytes": None if capacity is None else capacity - total,
+        "flops_per_step": flops,
+        "flops_source": flops_source,
+        "compute_dtype": key,
+        "peak_tflops": tflops,
+        # FLOPs at the profile's peak matmul rate: a lower bound on the time of a step
+        "step_time_s": flops / (tflops * 1e12) if tflops else None,
+        "trace": traced,
+        "closed_form": {k: v for k, v in closed.items() if k != "activations_per_layer"},
+        "closed_form_vs_trace_pct": (None if traced is None else
+                                     round(100 * (closed["peak_bytes"] - traced["peak_bytes"]) / traced["peak_bytes"], 2)),
+        "total_params": sum(t.numel for t in inv.params),
+        "trainable_params": trainable,
+        "architecture_source": source,
+        "notes": closed["notes"] + notes_for(job, plan, profile),
+        "shape_advice": shapes.audit(profile, plan.micro_batch_size, config.vocab_size, job.data.pad_to_multiple_of),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def notes_for(job: Config, plan, profile: HardwareConf) -> list[str]:
+    notes = []
+    if job.compile.enabled:
+        notes.append("compile=on is estimated as eager execution")
+    if plan.nproc > 1 and not plan.process_group:  # plain DDP
+        notes.append("per process; DDP's gradient buckets are not included")
+    if profile.device == "cuda":
+        notes.append("CUDA: traced with the GPU's dropout and memory-efficient SDPA kernels on the CPU; the "
+                     "caching allocator's reserve above the allocated peak is not included")
+    return notes
+
+
+def for_job(job: Config, profile: HardwareConf) -> dict[str, Any]:
+    """The estimate stored with a real job's results (res["estimate"]). Never raises: a job must
+    not fail because its estimate did; the error is recorded instead."""
+    try:
+        return estimate_job(job, profile)
+    except Exception as exc:  # noqa: BLE001
+        return {"method": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}", "peak_bytes": None}
+
+
+def run_estimate(job: Config, profile: HardwareConf, job_dir: Path) -> dict[str, Any]:
+    """mode=estimate for one job: check the rules (all but no-gpu: an estimate needs no GPU), estimate,
+    write estimate.json, print a summary line. Raises Unsupported as rules.check does."""
+    rules.check(job, profile, skip=("no-gpu",))
+    est = estimate_job(job, profile)
+    results.write(Path(job_dir) / ESTIMATE_FILE, est)  # atomic, as results.json
+    print(summary_line(est), flush=True)
+    return est

@@ -1,0 +1,76 @@
+"""An estimate as people read it: the one line a job prints, and estimate.md, the table of a sweep's
+estimates (through pandas, from the jobs sweep.py collects)."""
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+from .. import shapes, sweep
+
+GIB = 2**30
+SWEEP_TABLE = "estimate.md"
+
+
+def _gib(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / GIB:.2f}"
+
+
+def summary_line(est: dict[str, Any]) -> str:
+    fits = {True: "fits", False: "DOES NOT FIT", None: "capacity unknown"}[est["fits"]]
+    time_s = "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f} ms/step at peak"
+    return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']}: {_gib(est['total_bytes'])} GiB of "
+                      f"{_gib(est['capacity_bytes'])} GiB, {fits}; {est['flops_per_step'] / 1e12:.2f} TFLOP/step, "
+                      f"{time_s}", *shapes.lines(est.get("shape_advice"))])
+
+
+TABLE_PARTS = ("params", "grads", "optimizer", "activations", "temp", "overhead")
+
+
+def _row(est: dict[str, Any], with_shapes: bool) -> dict[str, str]:
+    bd = est["breakdown"]
+    parts = {**bd, "temp": bd.get("temp", 0) + bd.get("buffers", 0) + bd.get("other", 0)}
+    diff = est.get("closed_form_vs_trace_pct")
+    row = {"method": est["method"], "total GiB": _gib(est["total_bytes"]),
+           **{p: _gib(parts.get(p, 0)) for p in TABLE_PARTS},
+           "capacity GiB": _gib(est["capacity_bytes"]), "fits": {True: "yes", False: "**no**", None: "?"}[est["fits"]],
+           "margin GiB": _gib(est["margin_bytes"]),
+           "closed form GiB": _gib(est["closed_form"]["peak_bytes"] + est["overhead_bytes"]),
+           "closed vs trace": "-" if diff is None else f"{diff:+.1f}%",
+           "TFLOP/step": f"{est['flops_per_step'] / 1e12:.2f}",
+           "ms/step at peak": "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f}"}
+    if with_shapes:
+        row["not a tensor-core multiple"] = shapes.cell(est.get("shape_advice"))
+    return row
+
+
+def _estimated(job: sweep.SweepJob) -> Optional[dict[str, Any]]:
+    return job.estimate if job.estimate and job.estimate.get("method") else None
+
+
+def sweep_table(jobs: list[sweep.SweepJob]) -> str:
+    """Markdown table of a sweep's estimates, one row per job; a job without an estimate shows why."""
+    keys, _ = sweep.varying(jobs)
+    if len(jobs) == 1:  # nothing varies: show what the one job set
+        keys = list(sweep.as_dict(jobs[0].overrides))
+    advices = [est.get("shape_advice") for est in map(_estimated, jobs) if est is not None]
+    rows = []
+    for job in jobs:
+        row = {"#": str(job.num), **{k: sweep.as_dict(job.overrides).get(k, "") for k in keys}}
+        est = _estimated(job)
+        if est is not None:
+            row.update(_row(est, with_shapes=any(advices)))
+        else:
+            why = (job.estimate or {}).get("error") or (job.reason if job.status != "ok" else None)
+            row["method"] = " ".join(f"{job.status}: {why}".split()) if why else job.status
+        rows.append(row)
+    table = pd.DataFrame(rows).fillna("").to_markdown(index=False, disable_numparse=True)
+    notes = sorted({f"{est['method']}: {est['method_reason']}" for est in map(_estimated, jobs)
+                    if est is not None and est["method_reason"]}) + shapes.table_notes(advices)
+    return "\n".join([table, ""] + [f"- {note}" for note in notes]) + "\n"
+
+
+def write_sweep_table(sweep_dir: Path) -> Path:
+    """estimate.md of a sweep dir, from its jobs' estimate.json (or results.json with an estimate)."""
+    path = Path(sweep_dir) / SWEEP_TABLE
+    path.write_text(f"# Estimates: {sweep_dir}\n\n" + sweep_table(sweep.collect(sweep_dir)))
+    return path

@@ -1,0 +1,80 @@
+"""The process environment a job runs in: set-up once per process, a process group of one for a job
+that needs it, and the teardown that leaves the process clean for the next job of a sweep.
+
+Only this module changes `os.environ` for a job. Building a Plan has no side effects: a technique
+that needs torch.distributed (DeepSpeed, FSDP) says so in `plan.process_group`, and the job enters
+the group here when it builds its Trainer.
+"""
+import os
+import socket
+import sys
+
+# The environment before this process made its own group; Trainer and Accelerate add variables
+# (ACCELERATE_USE_DEEPSPEED, ...) that would make the next job of a sweep think it is distributed.
+_ENV_BEFORE: dict[str, str] | None = None
+_GROUP_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def prepare() -> None:
+    """Defaults every job of the process runs with, before transformers or DeepSpeed are imported."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # else tokenizers warns after every fork
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    import torch
+
+    if not torch.cuda.is_available():  # else DeepSpeed probes for accelerators and warns on every import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def enter_group_of_one() -> None:
+    """DeepSpeed and FSDP need a process group even alone; without a launcher, make it a group of one."""
+    global _ENV_BEFORE
+    if "WORLD_SIZE" in os.environ:  # torchrun / srun / deepspeed launcher already set it
+        return
+    _ENV_BEFORE = dict(os.environ)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
+                      WORLD_SIZE="1")
+
+
+def without_group_variables() -> dict[str, str]:
+    """This environment for child processes that make their own group (torchrun's ranks)."""
+    return {k: v for k, v in os.environ.items() if k not in _GROUP_VARIABLES}
+
+
+def teardown() -> None:
+    """Destroy a group this job made and reset Accelerate's singletons, so the next job starts clean."""
+    global _ENV_BEFORE
+    if _ENV_BEFORE is None:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(_ENV_BEFORE)
+    _ENV_BEFORE = None
+    from accelerate.state import AcceleratorState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+    _forget_deepspeed_groups()
+
+
+def _forget_deepspeed_groups() -> None:
+    """DeepSpeed caches the process groups (and its comm backend) in module globals, and transformers
+    its ZeRO config: none of them may leak into the next job of the same process."""
+    hf_deepspeed = sys.modules.get("transformers.integrations.deepspeed")
+    if hf_deepspeed is not None:  # else the next from_pretrained builds its model under ZeRO-3's zero.Init
+        hf_deepspeed.unset_hf_deepspeed_config()
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None:
+        for name in [n for n in vars(groups) if n.startswith("_") and n.isupper() and ("GROUP" in n or "MPU" in n)]:
+            setattr(groups, name, {} if isinstance(getattr(groups, name), dict) else None)
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None:
+        comm.cdb = None
