@@ -32,7 +32,8 @@ test: $(STAMP)
 # 4-5 min on 2 CPU cores; prints the summary table at the end. SWEEP=<sweep dir> resumes that sweep
 # (jobs already done are skipped); ARGS adds overrides (e.g. ARGS="hydra/launcher=parallel").
 SWEEP_GRID := precision=fp32,bf16 optim=adamw,adafactor data.train_size=2000
-# The seed study's grid on a T4; bf16 jobs are recorded as unsupported by the rule, not run.
+# The classic T4 memory grid (precision x optimizer x checkpointing x accumulation); bf16 jobs are
+# recorded as unsupported by the rule (a T4 has no bf16), not run.
 T4_GRID := hardware=t4 precision=fp32,fp16,bf16 optim=adamw,sgd,adafactor,adamw_8bit \
 	checkpointing=none,full accumulation=none,x32
 

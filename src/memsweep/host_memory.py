@@ -1,14 +1,13 @@
 """Keep freed host memory in the process for the next step, instead of handing it back to the OS.
 
 glibc's malloc serves large blocks with mmap and unmaps them when freed, and trims the top of its
-heap, so each training step maps its big tensors anew and faults in and zeroes every page (~1.1 us a
-page here: a fresh 47 MB buffer costs 15 ms, a reused one 2.5 ms). How many depends on the
-process's history, not on the job: the same default MiniLM steps took ~6,000 minor faults per step
-in a plain Trainer script and 20,000-41,000 under train.py, 2-7 % of a step on 2 cores. Its
-adaptive mmap threshold stops at 32 MiB, so MiniLM's 47 MB embedding gradient is mapped afresh
-every step whatever came before. Here every block comes from the heap (no mmap) and the heap is not
-trimmed: freed memory is reused by the next step (about 4,000 faults per step are left, from heap
-growth). The process keeps its peak instead of returning it (~3 % more peak RSS on MiniLM).
+heap, so a training step that frees its big tensors maps them anew in the next step, and the kernel
+faults in and zeroes every page again (about a microsecond a page: a few percent of a small model's
+step on 2 cores). How often depends on what the process did before, not on the job, and glibc's
+adaptive mmap threshold stops at 32 MiB, so a larger tensor (MiniLM's 47 MB embedding gradient) is
+mapped afresh every step whatever came before. With no mmap and no trim every block comes from the
+heap and freed memory is reused by the next step; the price is that the process keeps its peak
+instead of returning it. `time.minor_faults_per_step` in results.json shows the effect.
 
 It cannot be undone within a process (glibc's adaptive thresholds stay off once set), so
 `in_effect()` says what the process really runs with, whatever the current job asked for.

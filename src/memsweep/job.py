@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import hardware, measure, procenv, results, resume, rules, shapes, sweep, wandb_log
+from . import hardware, launch, measure, procenv, results, resume, rules, shapes, sweep, wandb_log
 from .errors import ConfigError, outcome
 from .results import Result
 from .schema import Config, Mode
@@ -51,11 +51,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return done
     ctx = hydra_context()
     job: Config = OmegaConf.to_object(cfg)
-    if job.distributed.nproc > 1:
-        from . import launch
-
-        if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
-            return launch.run_secondary_task(job, ctx.job_dir)
+    if launch.spans_processes(job) and launch.is_secondary_task():  # a Slurm task, not rank 0
+        return launch.run_secondary_task(job, ctx.job_dir)
     res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
     with finishing(res, ctx, cfg) as wandb_run:
         body(job, res, ctx.job_dir, wandb_run)
@@ -87,10 +84,8 @@ def body(job: Config, res: Result, job_dir: Path, wandb_run) -> None:
 
         res.estimate = for_job(job, profile)
     hardware.cap_memory(profile)
-    if job.distributed.nproc > 1:  # torchrun starts the ranks; rank 0's results come back here
-        from .launch import run_ranks
-
-        run_ranks(job, job_dir, res)
+    if launch.spans_processes(job):  # torchrun starts the ranks; rank 0's results come back here
+        launch.run_ranks(job, job_dir, res)
     else:
         from .train_loop import train_and_evaluate
 

@@ -31,6 +31,11 @@ def task_group() -> tuple[int, int] | None:
     return (env.global_rank, env.num_tasks) if env.num_tasks > 1 else None
 
 
+def spans_processes(job) -> bool:
+    """`distributed.nproc` > 1: the job runs as several ranks, started here."""
+    return job.distributed.nproc > 1
+
+
 def is_secondary_task() -> bool:
     """A submitit task of a multi-process job other than its rank 0 (which writes the job's results)."""
     task = task_group()

@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any, Optional
 
 from ..errors import Unsupported
+from ..plan import build_plan
 from ..schema import Config, HardwareConf
 from .core import GIB, capacity_bytes, estimate_job
 
@@ -23,7 +24,8 @@ def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[
     the smaller micro-batches, whose memory grows with their size, by bisection.
     """
     capacity, budget = capacity_bytes(profile), autofit_budget(profile, headroom)
-    per_process = job.batch_size // job.distributed.nproc
+    plan = build_plan(job, profile)
+    per_process = plan.batch_size // plan.nproc
     if budget is None:
         return per_process, 1
 
