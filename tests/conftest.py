@@ -53,11 +53,19 @@ def compose_config(overrides=(), job_dir: Path | None = None, multirun: bool = F
     return cfg
 
 
-def run_job(overrides, job_dir: Path, multirun: bool = False) -> dict:
-    """Run one real job in this process (as Hydra's basic launcher does) and return its results."""
+def run_job(overrides, job_dir: Path, multirun: bool = False, exits: bool = False) -> dict:
+    """Run one real job in this process (as Hydra's basic launcher does) and return its results, also
+    when a single run ends otherwise than ok and exits with its status's code (`exits=True`: the
+    SystemExit is raised to the test instead)."""
+    from memsweep import results
     from memsweep.job import run
 
-    return run(compose_config(overrides, job_dir, multirun))
+    try:
+        return run(compose_config(overrides, job_dir, multirun))
+    except SystemExit:
+        if exits:
+            raise
+        return results.read(job_dir / results.RESULTS_FILE)
 
 
 @pytest.fixture

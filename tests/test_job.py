@@ -78,7 +78,7 @@ def test_wandb_offline_run_holds_the_config_and_the_summary(tiny_result):
 
 def test_bad_input_is_a_failed_result_and_a_clear_exit(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        run_job(TINY + ["data=csv", f"data.path={tmp_path}/missing.csv"], tmp_path / "job")
+        run_job(TINY + ["data=csv", f"data.path={tmp_path}/missing.csv"], tmp_path / "job", exits=True)
     assert stop.value.code == 2
     assert "memsweep: error: data.path: file" in capsys.readouterr().out
     saved = results.read(tmp_path / "job" / "results.json")

@@ -8,8 +8,6 @@ CASES = {
     "bf16-unsupported": ["hardware=t4", "precision=bf16"],
     "tf32-unsupported": ["hardware=cpu", "precision=tf32"],
     "no-gpu": ["hardware=a100_40gb"],
-    "nproc-positive": ["distributed.nproc=0"],
-    "batch-not-divisible": ["batch_size=30", "accumulation=x4"],
     "flash-attention": ["attention=flash_attention_2"],
     "quantized-with-deepspeed": ["lora=qlora", "deepspeed=zero2"],
     "8bit-optim-with-zero": ["optim=adamw_8bit", "deepspeed=zero1"],

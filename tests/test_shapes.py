@@ -56,7 +56,7 @@ def test_padded_batches_are_multiples_of_pad_to_multiple_of(tmp_path):
 
 def test_pad_to_multiple_of_must_divide_max_seq_len(tmp_path):
     with pytest.raises(SystemExit) as done:  # a single run's bad input: exit 2 after results.json
-        run_job(TINY + ["data.pad_to_multiple_of=8", "max_seq_len=60"], tmp_path)
+        run_job(TINY + ["data.pad_to_multiple_of=8", "max_seq_len=60"], tmp_path, exits=True)
     assert done.value.code == 2
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["status"] == "failed"

@@ -39,9 +39,16 @@ def _read_table(cfg: DataConf) -> pd.DataFrame:
     path = Path(cfg.path) if cfg.path else None
     if path is None or not path.is_file():
         raise ConfigError("data.path", f"file {cfg.path!r} does not exist (a .csv, .jsonl or .json file)")
-    if path.suffix in (".jsonl", ".json"):
-        return pd.read_json(path, lines=path.suffix == ".jsonl", encoding=cfg.encoding)
-    return pd.read_csv(path, encoding=cfg.encoding)
+    try:
+        if path.suffix in (".jsonl", ".json"):
+            return pd.read_json(path, lines=path.suffix == ".jsonl", encoding=cfg.encoding)
+        return pd.read_csv(path, encoding=cfg.encoding)
+    except (ValueError, UnicodeDecodeError) as exc:  # pandas' ParserError is a ValueError
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise ConfigError("data.path", f"{cfg.path!r} is not a readable {'JSON' if 'json' in path.suffix else 'CSV'} "
+                                       f"table ({first}); allowed: a .csv, .jsonl or .json file with the columns "
+                                       f"data.text_column={cfg.text_column!r} and data.label_column="
+                                       f"{cfg.label_column!r}") from None
 
 
 def _read_hub(cfg: DataConf) -> tuple[pd.DataFrame, "pd.DataFrame | None"]:
@@ -109,8 +116,9 @@ def _sample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
     return part
 
 
-def load_frames(cfg: DataConf, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """Train and eval frames with columns text, label (str), split deterministically by seed."""
+def load_frames(cfg: DataConf, seed: int, strict_sizes: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Train and eval frames with columns text, label (str), split deterministically by seed. With
+    `strict_sizes`, a train_size or eval_size larger than the rows the data has is refused (else all are used)."""
     from sklearn.model_selection import train_test_split
 
     if cfg.source == DataSource.hub:
@@ -127,7 +135,14 @@ def load_frames(cfg: DataConf, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, l
         train, evaluation = train_test_split(train, test_size=cfg.eval_size, stratify=train["label"],
                                              random_state=seed)
     else:
-        evaluation = _sample(_clean(eval_raw, cfg, where), cfg.eval_size, seed)
+        evaluation = _clean(eval_raw, cfg, where)
+        if strict_sizes and cfg.eval_size > len(evaluation):
+            raise ConfigError("data.eval_size", f"{cfg.eval_size} is more than the {len(evaluation)} rows of split "
+                                                f"{cfg.eval_split!r}; allowed: up to {len(evaluation)}")
+        evaluation = _sample(evaluation, cfg.eval_size, seed)
+    if strict_sizes and cfg.train_size is not None and cfg.train_size > len(train):
+        raise ConfigError("data.train_size", f"{cfg.train_size} is more than the {len(train)} rows left for "
+                                             f"training in {where}; allowed: up to {len(train)} (or null: all)")
     train = _sample(train, cfg.train_size, seed)
     return train.reset_index(drop=True), evaluation.reset_index(drop=True), names
 

@@ -34,10 +34,22 @@ def outcome(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, Diverged):
         return "diverged", str(exc)
     if isinstance(exc, ConfigError):
-        return "failed", f"bad input: {exc}"
+        return "failed", f"{BAD_INPUT}{exc}"
     if is_oom(exc):
         return "oom", f"{type(exc).__name__}: {str(exc)[:300]}"
     return "failed", f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+# A single run's exit code by how it ended, so scripts can tell the endings apart. A sweep exits 0
+# when every job has a result (these statuses included) and 1 when a job failed or left none.
+EXIT_CODES = {"ok": 0, "failed": 1, "bad input": 2, "oom": 3, "diverged": 4, "unsupported": 5}
+BAD_INPUT = "bad input: "
+
+
+def exit_code(status: str, reason: str | None) -> int:
+    if status == "failed" and (reason or "").startswith(BAD_INPUT):
+        return EXIT_CODES["bad input"]
+    return EXIT_CODES[status]
 
 
 # The exception a status read back from a file (a rank's error.json) is raised as, so that

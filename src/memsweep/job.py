@@ -3,6 +3,9 @@
 Every ending is a result: `ok`, `unsupported` (a rule refused it), `oom`, `diverged`, or `failed`
 (any other error, traceback in the job log). `finishing` always writes results.json, finishes the
 W&B run and frees memory, so a sweep loses nothing and goes on to its next job.
+
+Bad input is refused in seconds: this module imports torch, transformers and the rest only once the
+input has passed `validate`.
 """
 import gc
 import time
@@ -14,12 +17,10 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import hardware, launch, measure, procenv, results, resume, rules, shapes, sweep, wandb_log
-from .errors import ConfigError, outcome
+from . import counters, results, resume, shapes, sweep, validate, wandb_log
+from .errors import BAD_INPUT, EXIT_CODES, ConfigError, exit_code, outcome
 from .results import Result
 from .schema import Config, Mode
-
-procenv.prepare()
 
 
 @dataclass
@@ -50,22 +51,33 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if (done := resume.skip_if_done(cfg)) is not None:  # a resumed sweep keeps the jobs already done
         return done
     ctx = hydra_context()
-    job: Config = OmegaConf.to_object(cfg)
-    if launch.spans_processes(job) and launch.is_secondary_task():  # a Slurm task, not rank 0
-        return launch.run_secondary_task(job, ctx.job_dir)
+    if cfg.distributed.nproc > 1:
+        from . import launch
+
+        if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
+            return launch.run_secondary_task(OmegaConf.to_object(cfg), ctx.job_dir)
     res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
     with finishing(res, ctx, cfg) as wandb_run:
-        body(job, res, ctx.job_dir, wandb_run)
+        body(cfg, res, ctx.job_dir, wandb_run)
     print_summary(res, ctx.job_dir)
-    if res.reason and res.reason.startswith("bad input: "):
-        print(f"memsweep: error: {res.reason.removeprefix('bad input: ')}")
-        if not ctx.multirun:  # in a sweep it is this job's result; the sweep goes on and reports it
-            raise SystemExit(2)
+    code = exit_code(res.status, res.reason)
+    if code == EXIT_CODES["bad input"]:
+        print(f"memsweep: error: {res.reason.removeprefix(BAD_INPUT)}")
+    if code and not ctx.multirun:  # in a sweep it is this job's result; the sweep goes on and reports it
+        raise SystemExit(code)
     return res.to_dict()
 
 
-def body(job: Config, res: Result, job_dir: Path, wandb_run) -> None:
+def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     """What the job does, in order; any exception is its ending (see finishing)."""
+    validate.config(cfg)  # bad input is refused before any work
+    job: Config = OmegaConf.to_object(cfg)
+    validate.ranges(job)
+    if job.mode == Mode.train:
+        validate.inputs(job)
+    from . import hardware, launch, procenv, rules
+
+    procenv.prepare()
     profile = hardware.detect(job.hardware)
     res.hardware = asdict(profile)
     if job.mode == Mode.estimate:  # no training, no weights, no GPU: predicted memory, FLOPs, time
@@ -97,7 +109,8 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
     """Start the job's W&B run; whatever happens inside, end with a status, results.json written,
     the W&B run finished and memory freed. Exceptions become the result, never a lost sweep."""
     started = time.perf_counter()
-    measure.reset_cuda_peak()
+    ctx.job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes it; a job called another way may not have it
+    counters.reset_cuda_peak()
     logger = OmegaConf.to_object(cfg.logger)
     wandb_run = wandb_log.start(logger, ctx.job_dir, group=ctx.wandb_group, name=ctx.name, job_type="train",
                                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
@@ -112,8 +125,8 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
             traceback.print_exc()
     finally:
         res.time.total_s = round(time.perf_counter() - started, 3)
-        res.memory.process_peak_rss = measure.process_peak_rss()
-        res.memory.cuda_max_allocated, res.memory.cuda_max_reserved = measure.cuda_peaks()
+        res.memory.process_peak_rss = counters.process_peak_rss()
+        res.memory.cuda_max_allocated, res.memory.cuda_max_reserved = counters.cuda_peaks()
         saved = res.to_dict()
         results.write(ctx.job_dir / results.RESULTS_FILE, saved)
         if wandb_run is not None:
@@ -121,7 +134,7 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
         wandb_log.finish(wandb_run, results.flatten({k: v for k, v in saved.items() if k != "versions"}),
                          exit_code=0 if res.status != "failed" else 1)
         gc.collect()
-        measure.reset_cuda_peak()
+        counters.reset_cuda_peak()
 
 
 def _mib(n) -> str:

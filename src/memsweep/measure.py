@@ -6,8 +6,6 @@ its quirks are handled here: it cannot hook frozen parameters, and it counts eve
 inside `optimizer.step()` as optimizer state (temporaries included) — the true state is read from
 the optimizer itself and the rest is reported as temporaries.
 """
-import resource
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -207,24 +205,6 @@ def _first_linear(model) -> torch.nn.Module:
         if isinstance(module, torch.nn.Linear) or type(module).__name__.startswith("Linear"):
             return module
     return model
-
-
-def process_peak_rss() -> int:
-    """Peak resident set size of this process, in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024
-
-
-def reset_cuda_peak() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def cuda_peaks() -> tuple[Optional[int], Optional[int]]:
-    if not torch.cuda.is_available():
-        return None, None
-    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
 def count_params(model) -> tuple[int, int]:

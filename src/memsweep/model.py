@@ -36,6 +36,42 @@ def load_tokenizer(cfg: ModelConf):
         raise ConfigError("model.path", f"no tokenizer at {source!r}: {str(exc)[:200]}") from None
 
 
+def config_values(cfg: ModelConf) -> tuple[dict[str, Any], str]:
+    """The model's config.json as a dict, and where it came from, without importing transformers: the
+    embedded model's, a local folder's or a cached hub model's file; `tiny` (or a hub model not on disk)
+    its architecture keys. Validation reads its limits before anything is loaded."""
+    import json
+    from pathlib import Path
+
+    keys = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_heads,
+            "max_position_embeddings": cfg.max_position_embeddings}
+    if cfg.source == ModelSource.tiny:
+        return keys, "model config keys"
+    source = weights_source(cfg)
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source, "config.json")
+        path = Path(cached) if isinstance(cached, str) else None
+    if path is None:
+        return keys, "model config keys"
+    return json.loads(path.read_text()), f"config.json of {source}"
+
+
+def tokenizer_size(cfg: ModelConf) -> int:
+    """Tokens the tokenizer can emit (added tokens included), read from its tokenizer.json where there is
+    one (no transformers import), else by loading it."""
+    from pathlib import Path
+
+    source = Path(cfg.tokenizer or weights_source(cfg))
+    if (source / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    return len(load_tokenizer(cfg))
+
+
 def tiny_config(cfg: ModelConf, num_labels: int):
     from transformers import BertConfig
 

@@ -50,11 +50,6 @@ RULES: list[Rule] = [
     Rule("no-gpu", lambda c, hw: hw.device == "cuda" and not _cuda(),
          "this hardware profile is a CUDA GPU and none is visible here; predict it without a GPU with "
          "mode=estimate, or run hardware=cpu"),
-    Rule("nproc-positive", lambda c, hw: c.distributed.nproc < 1,
-         "distributed.nproc is the number of processes of the job: 1 or more"),
-    Rule("batch-not-divisible",
-         lambda c, hw: c.batch_size % (c.accumulation.steps * c.distributed.nproc) != 0,
-         "batch_size must be divisible by accumulation steps x processes (micro-batch = batch_size / both)"),
     Rule("flash-attention", lambda c, hw: c.attention.implementation.value == "flash_attention_2"
          and (hw.device != "cuda" or not _installed("flash_attn")),
          "flash_attention_2 needs a CUDA GPU and the flash-attn package; use attention=sdpa"),

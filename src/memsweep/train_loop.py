@@ -20,8 +20,7 @@ from .plan import Plan, build_plan
 from .results import Result
 from .schema import Config, HardwareConf
 from .steptime import StepTimer
-from .trainer import DivergenceCallback, MemsweepTrainer
-from .wandb_log import WandbLogCallback
+from .trainer import DivergenceCallback, MemsweepTrainer, WandbLogCallback
 
 
 def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, nproc: int, epochs: float,
@@ -77,7 +76,6 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     if job.malloc_reuse:
         host_memory.keep_freed_memory()
     torch.manual_seed(job.seed)
-    shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     plan = build_plan(job, profile)
     if plan.process_group:
         procenv.enter_group_of_one()  # left again by release(), also when building fails

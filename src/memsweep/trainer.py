@@ -163,3 +163,15 @@ class DivergenceCallback(TrainerCallback):
         if loss is not None and not math.isfinite(loss):
             self.diverged_at = state.global_step
             control.should_training_stop = True
+
+
+class WandbLogCallback(TrainerCallback):
+    """Trainer's logs (loss, lr, grad norm) to the run, by optimizer step."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.run is not None and logs:
+            self.run.log({f"train/{k}": v for k, v in logs.items() if isinstance(v, (int, float))},
+                         step=state.global_step)

@@ -3,8 +3,6 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from transformers import TrainerCallback
-
 
 def _use_job_dir(job_dir: Path) -> None:
     # wandb otherwise writes under ~/.cache/wandb and ~/.local/share/wandb even offline.
@@ -41,15 +39,3 @@ def finish(run, summary: dict[str, Any], exit_code: int = 0) -> None:
         return
     run.summary.update(summary)
     run.finish(exit_code=exit_code)
-
-
-class WandbLogCallback(TrainerCallback):
-    """Trainer's logs (loss, lr, grad norm) to the run, by optimizer step."""
-
-    def __init__(self, run):
-        self.run = run
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.run is not None and logs:
-            self.run.log({f"train/{k}": v for k, v in logs.items() if isinstance(v, (int, float))},
-                         step=state.global_step)

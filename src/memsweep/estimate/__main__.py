@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import schema, sweep
+from .. import schema, sweep, validate
 from ..errors import Unsupported
 from ..schema import Config
 from .core import run_estimate
@@ -52,6 +52,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
         try:
             job = compose(overrides)
+            validate.ranges(job)
             run_estimate(job, hardware.detect(job.hardware), job_dir)
         except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
             status = "unsupported" if isinstance(exc, Unsupported) else "failed"

@@ -31,7 +31,6 @@ def capacity_bytes(profile: HardwareConf) -> Optional[int]:
 def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True) -> dict[str, Any]:
     """Both estimators for one job on one hardware profile; the trace is the answer where it runs."""
     started = time.perf_counter()
-    shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     plan = build_plan(job, profile)
     config, source = model_config(job.model, num_labels(job))
     model = meta_model(job, plan, config)

@@ -1,0 +1,33 @@
+"""Process-wide memory counters a job records whatever it ran: the host's peak resident set and the
+CUDA caching allocator's peaks (reset per job: the jobs of a sweep can share one process).
+
+torch is only asked if the process already imported it: a job refused before any work never loads it,
+and has allocated nothing on a GPU.
+"""
+import resource
+import sys
+from typing import Optional
+
+
+def process_peak_rss() -> int:
+    """Peak resident set size of this process, in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def _cuda():
+    torch = sys.modules.get("torch")
+    return torch.cuda if torch is not None and torch.cuda.is_available() else None
+
+
+def reset_cuda_peak() -> None:
+    if (cuda := _cuda()) is not None:
+        cuda.empty_cache()
+        cuda.reset_peak_memory_stats()
+
+
+def cuda_peaks() -> tuple[Optional[int], Optional[int]]:
+    """(max_memory_allocated, max_memory_reserved) since the last reset; (None, None) without CUDA."""
+    if (cuda := _cuda()) is None:
+        return None, None
+    return cuda.max_memory_allocated(), cuda.max_memory_reserved()
