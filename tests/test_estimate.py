@@ -126,7 +126,8 @@ def test_hub_model_on_a_gpu_profile_offline(tmp_path, capsys):
     assert adamw_8bit["optimizer_bytes"] < 0.6 * adamw["optimizer_bytes"]
     written = (out / table.SWEEP_TABLE).read_text()
     rows = markdown_rows(written)
-    assert [r["fits"] for r in rows] == ["yes", "yes", ""] and rows[2]["method"].startswith("unsupported: bf16-unsupported")
+    assert [r["fits"] for r in rows] == ["yes", "yes", "", ""]
+    assert all(r["method"].startswith("unsupported: bf16-unsupported") for r in rows[2:])
     assert "closed_form: bitsandbytes optimizers" in written
     assert written in capsys.readouterr().out
 

@@ -1,11 +1,13 @@
 """hardware=auto: a GPU is matched to its profile by name (KNOWN_GPUS), another GPU gets its detected
 properties, and no GPU means the CPU. The CUDA queries are stood in for: the logic runs on the CPU."""
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from memsweep import hardware
+from memsweep.techniques import precision
 from memsweep.schema import HardwareConf
 
 
@@ -44,4 +46,56 @@ def test_a_named_profile_is_kept_and_no_gpu_means_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert hardware.detect(HardwareConf()).name == "auto:cpu"
     t4 = hardware.load_profile("t4")
-    assert hardware.detect(t4) == t4  # a profile named on the command line is what the job is asked about
+    # a profile named on the command line is what the job is asked about; what it runs natively is filled in
+    assert hardware.detect(t4) == replace(t4, bf16_native=False, fp16_native=True)
+
+
+def test_a_cpu_without_native_bf16_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: False)
+    profile = hardware.detect(HardwareConf())
+    assert (profile.bf16, profile.bf16_native, profile.fp16_native) == (True, False, False)  # runs, emulated
+    assert [precision.emulated(p, profile) for p in ("fp32", "bf16", "fp16", "bf16_true")] == [None, "bf16", "fp16",
+                                                                                                "bf16"]
+    assert hardware.sweep_precisions() == ["fp32"]
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    native = hardware.detect(HardwareConf())
+    assert native.bf16_native and precision.emulated("bf16", native) is None
+    assert hardware.sweep_precisions() == ["fp32", "bf16"]
+
+
+def test_a_gpu_profile_is_native_in_what_it_supports(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    t4 = hardware.detect(hardware.load_profile("t4"))  # estimated here: the profile speaks for the GPU
+    assert (t4.fp16_native, t4.bf16_native) == (True, False) and precision.emulated("fp16", t4) is None
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_an_emulated_precision_warns_once_and_is_recorded(native, tmp_path, capsys, monkeypatch):
+    from conftest import TINY, run_job
+
+    monkeypatch.setattr(hardware, "cpu_native_precisions", lambda: (native, native))
+    res = run_job(TINY + ["precision=bf16", "max_steps=1", "data.eval_size=16"], tmp_path / "job")
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "is emulated on" in line]
+    assert res["status"] == "ok" and res["hardware"]["bf16_native"] is native
+    assert res["effective"]["emulated_precision"] == (None if native else "bf16")
+    assert len(warnings) == (0 if native else 1)
+
+
+def test_the_sweep_summary_marks_emulated_times(tmp_path):
+    import json
+
+    from test_report import make_sweep, ok_results
+
+    from memsweep import report, results
+
+    sweep = make_sweep(tmp_path / "sweep", {0: (1.0, 100.0, 0.85), 1: (0.75, 500.0, 0.84)},
+                       grid=["precision=fp32,bf16", "model=tiny"])
+    for num, dtype in ((0, None), (1, "bf16")):
+        res = ok_results(json.loads((sweep / str(num) / "results.json").read_text())["overrides"], 1.0, 100.0, 0.85)
+        res["effective"]["emulated_precision"] = dtype
+        results.write(sweep / str(num) / "results.json", res)
+    table = report.build(sweep).markdown
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert "time" in rows[0] and "emulated bf16: time not representative" in rows[2] and "emulated" not in rows[1]

@@ -1,4 +1,6 @@
 """Hardware profiles: what a device can do (memory, dtypes, peak TFLOP/s), and detection for `hardware=auto`."""
+import os
+import sys
 from dataclasses import replace
 from typing import Optional
 
@@ -29,21 +31,51 @@ def load_profile(option: str) -> HardwareConf:
     return OmegaConf.to_object(merged)
 
 
+def cpu_native_precisions() -> tuple[bool, bool]:
+    """(bf16, fp16): whether this CPU runs them in hardware. torch's own check is what decides whether
+    oneDNN uses bf16/fp16 kernels (AVX512-BF16, AMX, AVX512-FP16) or emulates them; without it, the
+    CPU's flags."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        flags = set()
+        if os.path.exists("/proc/cpuinfo"):
+            with open("/proc/cpuinfo") as f:
+                flags = {flag for line in f if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+        return bool(flags & {"avx512_bf16", "amx_bf16"}), bool(flags & {"avx512_fp16", "amx_fp16"})
+
+
 def detect(cfg: HardwareConf) -> HardwareConf:
     """Resolve `device: auto` to the real device and fill what the profile leaves open. On a GPU with a
-    profile (KNOWN_GPUS) `hardware=auto` is that profile; on another GPU, its detected properties."""
+    profile (KNOWN_GPUS) `hardware=auto` is that profile; on another GPU, its detected properties. A CPU
+    gets its native bf16/fp16 detected; a GPU profile's are what it supports."""
     cuda = torch.cuda.is_available()
     device = cfg.device if cfg.device != "auto" else ("cuda" if cuda else "cpu")
     if cfg.name != "auto":
-        return replace(cfg, device=device)
-    if device == "cuda":
+        profile = replace(cfg, device=device)
+    elif device == "cuda":
         props = torch.cuda.get_device_properties(0)
         if (option := profile_option(props.name)) is not None:
-            return replace(load_profile(option), name=f"auto:{option}", device="cuda")
-        return replace(cfg, name=f"auto:{props.name}", device="cuda",
-                       memory_gib=props.total_memory / 2**30, bf16=torch.cuda.is_bf16_supported(),
-                       fp16=True, tf32=props.major >= 8, tensor_core_multiple=64 if props.major >= 8 else 8)
-    return replace(cfg, name="auto:cpu", device="cpu", bf16=True, fp16=True, tf32=False)
+            profile = replace(load_profile(option), name=f"auto:{option}", device="cuda")
+        else:
+            profile = replace(cfg, name=f"auto:{props.name}", device="cuda", memory_gib=props.total_memory / 2**30,
+                              bf16=torch.cuda.is_bf16_supported(), fp16=True, tf32=props.major >= 8,
+                              tensor_core_multiple=64 if props.major >= 8 else 8)
+    else:
+        profile = replace(cfg, name="auto:cpu", device="cpu", bf16=True, fp16=True, tf32=False)
+    if profile.device == "cpu":
+        bf16, fp16 = cpu_native_precisions()
+    else:
+        bf16, fp16 = profile.bf16, profile.fp16
+    return replace(profile, bf16_native=bf16 if profile.bf16_native is None else profile.bf16_native,
+                   fp16_native=fp16 if profile.fp16_native is None else profile.fp16_native)
+
+
+def sweep_precisions() -> list[str]:
+    """The precision axis of `make sweep` on this machine: fp32, and bf16 where it runs natively (an
+    emulated bf16 job is ~100x slower and its times say nothing about a GPU)."""
+    bf16, _ = cpu_native_precisions() if not torch.cuda.is_available() else (torch.cuda.is_bf16_supported(), True)
+    return ["fp32", "bf16"] if bf16 else ["fp32"]
 
 
 def memory_fraction(profile_gib: float | None, device_bytes: int) -> float | None:
@@ -61,3 +93,12 @@ def cap_memory(profile: HardwareConf) -> float | None:
     fraction = memory_fraction(profile.memory_gib, torch.cuda.get_device_properties(0).total_memory)
     torch.cuda.set_per_process_memory_fraction(fraction if fraction is not None else 1.0)
     return fraction
+
+
+if __name__ == "__main__":  # `python -m memsweep.hardware sweep-precisions`: the Makefile's precision axis
+    if sys.argv[1:] != ["sweep-precisions"]:
+        sys.exit("usage: python -m memsweep.hardware sweep-precisions")
+    chosen = sweep_precisions()
+    why = "bf16 runs natively here" if "bf16" in chosen else "bf16 is emulated on this machine: no native bf16 matmuls"
+    print(f"[memsweep] precision axis: {','.join(chosen)} ({why})", file=sys.stderr)
+    print(",".join(chosen))

@@ -87,6 +87,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
         res.shape_advice = res.estimate["shape_advice"]
         return
     rules.check(job, profile)
+    warn_if_emulated(job, profile, res)
     if job.autofit:  # the largest micro-batch the estimator says fits; accumulation keeps batch_size
         from .estimate.autofit import autofit_job
 
@@ -102,6 +103,16 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
         from .train_loop import train_and_evaluate
 
         train_and_evaluate(job, profile, job_dir, res, wandb_run)
+
+
+def warn_if_emulated(job: Config, profile, res: Result) -> None:
+    """A precision the device only emulates trains correctly but far slower: say so once, and record it."""
+    from .techniques import precision
+
+    res.effective["emulated_precision"] = dtype = precision.emulated(job.precision.name, profile)
+    if dtype is not None:
+        print(f"[memsweep] warning: {dtype} is emulated on {profile.name} (no native {dtype} matmuls): the job runs "
+              "correctly, but its time is not representative of hardware that has them", flush=True)
 
 
 @contextmanager

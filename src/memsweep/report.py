@@ -99,6 +99,8 @@ def human_table(jobs: list[SweepJob], baseline: SweepJob, varying: list[str]) ->
                    f1=job.get("metrics.f1") if job.ok else None, reason=job.reason)
         advice = job.get("shape_advice") if job.res else None
         row["tensor_core_shapes"] = shapes.cell(advice) if advice else None
+        emulated = job.get("effective.emulated_precision") if job.res else None
+        row["time_note"] = f"emulated {emulated}: time not representative" if emulated else None
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -135,6 +137,8 @@ def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJ
     advices = [j.get("shape_advice") if j.res else None for j in jobs]
     if any(advices):  # a GPU profile with a tensor-core rule
         shown["not a tensor-core multiple"] = [v or "–" for v in t["tensor_core_shapes"]]
+    if t["time_note"].notna().any():  # a precision this machine only emulates: its speed says nothing
+        shown["time"] = [v if isinstance(v, str) else "–" for v in t["time_note"]]
 
     lines = [f"# Sweep summary: {len(jobs)} jobs ({_counts(jobs)})", ""]
     if common:

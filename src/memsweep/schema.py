@@ -224,9 +224,14 @@ class HardwareConf:
     device: str = "auto"  # auto | cpu | cuda
     memory_gib: Optional[float] = None  # capacity; null = what the device has
     cuda_context_gib: float = 0.0
-    bf16: bool = True
+    bf16: bool = True  # runs at all (on a GPU profile: in hardware; a rule refuses it otherwise)
     fp16: bool = True
     tf32: bool = False
+    # Whether bf16 / fp16 matmuls run in hardware or are emulated (correct, but ~100x slower than fp32 on
+    # a CPU without AVX512-BF16/AMX): detected for the machine a job runs on (hardware.detect); null
+    # until then. A job in an emulated precision warns, and its times are marked as not representative.
+    bf16_native: Optional[bool] = None
+    fp16_native: Optional[bool] = None
     # Peak dense matmul TFLOP/s per dtype, for time estimates.
     tflops: dict[str, float] = field(default_factory=dict)
     # Tensor-core shape rule: multiples that make matmuls fast (0 = no rule).

@@ -35,6 +35,13 @@ def traits(name) -> Traits:
     return TRAITS[PrecisionName(name)]
 
 
+def emulated(name, profile) -> Optional[str]:
+    """The 16-bit dtype this precision computes in if the profile's device only emulates it, else None."""
+    compute = traits(name).compute
+    native = {"bf16": profile.bf16_native, "fp16": profile.fp16_native}.get(compute)
+    return compute if native is False else None
+
+
 def apply(cfg, plan) -> None:
     name = PrecisionName(cfg.name)
     if name == PrecisionName.tf32:
