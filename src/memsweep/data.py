@@ -36,8 +36,11 @@ def tweets_path() -> Path:
 def _read_table(cfg: DataConf) -> pd.DataFrame:
     if cfg.source == DataSource.tweets:
         return pd.read_csv(tweets_path(), encoding=cfg.encoding)
-    path = Path(cfg.path) if cfg.path else None
-    if path is None or not path.is_file():
+    if not cfg.path:
+        raise ConfigError("data.path", f"is null; data={cfg.name} reads a file: allowed: the path of a .csv, .jsonl "
+                                       "or .json file")
+    path = Path(cfg.path)
+    if not path.is_file():
         raise ConfigError("data.path", f"file {cfg.path!r} does not exist (a .csv, .jsonl or .json file)")
     try:
         if path.suffix in (".jsonl", ".json"):
@@ -131,7 +134,8 @@ def load_frames(cfg: DataConf, seed: int, strict_sizes: bool = False) -> tuple[p
     names = _label_names(train, cfg)
     if eval_raw is None:
         if len(train) <= cfg.eval_size:
-            raise ConfigError("data.eval_size", f"{cfg.eval_size} is not below the {len(train)} usable rows")
+            raise ConfigError("data.eval_size", f"{cfg.eval_size} is not below the {len(train)} usable rows of "
+                                                f"{where}; allowed: up to {len(train) - 1}")
         train, evaluation = train_test_split(train, test_size=cfg.eval_size, stratify=train["label"],
                                              random_state=seed)
     else:
