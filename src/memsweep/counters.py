@@ -26,6 +26,32 @@ def reset_cuda_peak() -> None:
         cuda.reset_peak_memory_stats()
 
 
+def device_used() -> Optional[int]:
+    """What nvidia-smi shows as "used" on this process's GPU (every process's memory and the CUDA
+    contexts, not only this allocator's), read through NVML; None without CUDA or NVML. The caching
+    allocator keeps what it reserved until empty_cache, so read before it, this is the job's peak."""
+    if (cuda := _cuda()) is None:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(_pci_bus_id(cuda))
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML (a driver without it, a container): the figure is unknown
+        return None
+
+
+def _pci_bus_id(cuda) -> str:
+    """The device's PCI address as NVML spells it: CUDA and NVML number devices differently (and
+    CUDA_VISIBLE_DEVICES renumbers them), the bus address is the same in both."""
+    props = cuda.get_device_properties(cuda.current_device())
+    return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+
+
 def cuda_peaks() -> tuple[Optional[int], Optional[int]]:
     """(max_memory_allocated, max_memory_reserved) since the last reset; (None, None) without CUDA."""
     if (cuda := _cuda()) is None:

@@ -74,6 +74,7 @@ class Memory(Section):
     device: Optional[str] = None
     cuda_max_allocated: Optional[int] = None
     cuda_max_reserved: Optional[int] = None
+    device_used_bytes: Optional[int] = None  # nvidia-smi's "used" (NVML) at the end of the job: its peak
     process_peak_rss: Optional[int] = None
     per_rank: Optional[list[dict[str, Any]]] = None  # multi-process jobs: each rank's ledger
 
