@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DS_BUILD := DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_BUILD_SHM_COMM=1
 SWEEP ?=
 
-.PHONY: install train test sweep report bench estimate-t4 sweep-t4 wandb-sync clean
+.PHONY: install train test sweep report bench gpu-check estimate-t4 sweep-t4 wandb-sync clean
 
 install: $(STAMP)
 
@@ -64,6 +64,13 @@ estimate-t4: $(STAMP)
 # make bench BENCH_ARGS="--steps 8 --repeats 1"  (python benchmarks/bench.py --help lists every knob)
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py $(BENCH_ARGS)
+
+# The GPU acceptance run (benchmarks/gpu_check.py): on a CUDA machine a small grid (precision x optim x
+# checkpointing, MiniLM and bert-base-sized random weights; under 10 min on one GPU) and benchmarks/GPU.md
+# with predicted vs measured peak allocated / reserved / nvidia-smi used, step time and the effective
+# audit. Without a GPU it says so, runs nothing and exits 0.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # Rebuild summary.csv/.md, memory.png, tradeoff.png of a sweep, finished or not:
 # make report SWEEP=multirun/<date>/<time> [BASELINE=<job number or overrides>] [WANDB=1]

@@ -1,0 +1,114 @@
+"""`make gpu-check`: the GPU acceptance run, for whoever has a CUDA GPU.
+
+A small grid (precision fp32/fp16/bf16 x optim adamw/adamw_8bit/adafactor x checkpointing none/full) on
+the embedded MiniLM and on bert-base-sized random weights, a few optimizer steps each, through the
+ordinary `python train.py -m` path with `hardware=auto` (the GPU's own profile). Writes
+benchmarks/GPU.md: per job, predicted against measured for the three counters a GPU has (peak
+allocated, peak reserved, nvidia-smi "used"), the time per step, and the `effective` audit showing
+each technique really in effect on CUDA (GradScaler for fp16, the compute dtype, the optimizer and its
+state bytes, the attention kernel). Without a GPU it says so, runs nothing and exits 0.
+"""
+import argparse
+import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
+
+from memsweep import sweep  # noqa: E402
+
+GRID = ["precision=fp32,fp16,bf16", "optim=adamw,adamw_8bit,adafactor", "checkpointing=none,full"]
+MODELS = {
+    "minilm": ["model=minilm"],
+    # bert-base's shape (110M parameters) with random weights: no download needed
+    "bert-base-random": ["model=tiny", "model.hidden_size=768", "model.num_layers=12", "model.num_heads=12",
+                         "model.intermediate_size=3072"],
+}
+# Short jobs: the memory ledger is step 2; a few more steps time a step.
+SMALL = ["hardware=auto", "logger=none", "data.train_size=320", "data.eval_size=64", "max_steps=8",
+         "max_seq_len=128"]
+GIB = 2**30
+# (predicted, measured) results.json fields for each counter; a prediction the estimate does not make is "–"
+COUNTERS = {
+    "allocated": ("estimate.peak_bytes", "memory.cuda_max_allocated"),
+    "reserved": ("estimate.peak_reserved_bytes", "memory.cuda_max_reserved"),
+    "used": ("estimate.device_used_bytes", "memory.device_used_bytes"),
+}
+AUDIT = ("compute_dtype", "grad_scaler", "optimizer", "optimizer_kernel", "optimizer_state_bytes", "attention",
+         "checkpointed_layers", "emulated_precision")
+
+
+def _gib(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value / GIB:.3f}"
+
+
+def _error(predicted: Optional[float], measured: Optional[float]) -> str:
+    return "–" if not predicted or not measured else f"{100 * (predicted - measured) / measured:+.1f} %"
+
+
+def rows(model: str, jobs: list[sweep.SweepJob]) -> list[dict[str, Any]]:
+    """One row per job of a model's sweep: what varied, the status, the counters and the audit."""
+    out = []
+    for job in jobs:
+        row: dict[str, Any] = {"model": model, **sweep.as_dict(job.overrides), "status": job.status}
+        for name, (predicted_key, measured_key) in COUNTERS.items():
+            predicted, measured = job.get(predicted_key), job.get(measured_key)
+            row[f"{name} predicted GiB"] = _gib(predicted)
+            row[f"{name} measured GiB"] = _gib(measured)
+            row[f"{name} error"] = _error(predicted, measured)
+        step = job.get("time.step_s_median")
+        row["ms/step"] = "–" if step is None else f"{step * 1e3:.1f}"
+        row.update({key: str(job.get(f"effective.{key}")) for key in AUDIT})
+        if not job.ok:
+            row["reason"] = job.reason
+        out.append(row)
+    return out
+
+
+def table(all_rows: list[dict[str, Any]]) -> str:
+    frame = pd.DataFrame(all_rows).fillna("")
+    return frame.to_markdown(index=False, disable_numparse=True)
+
+
+def write_report(path: Path, all_rows: list[dict[str, Any]], gpu: str, command: str) -> None:
+    import torch
+
+    header = [f"# GPU acceptance run ({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
+              f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}. Command: `{command}`.", "",
+              "Predicted = the job's estimate, made before it trained; measured = torch.cuda.max_memory_allocated, "
+              "max_memory_reserved and NVML's used (what nvidia-smi shows) at the end of the job. "
+              "A dash: the estimate does not predict that counter, or the job did not measure it.", ""]
+    path.write_text("\n".join(header) + table(all_rows) + "\n")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "GPU.md")
+    parser.add_argument("--sweeps", type=Path, default=ROOT / "multirun" / "gpu-check")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA GPU on this machine, nothing was run and benchmarks/GPU.md is unchanged; "
+              "run `make gpu-check` where nvidia-smi shows a GPU (predict GPUs here with mode=estimate)")
+        return 0
+    gpu = torch.cuda.get_device_name(0)
+    all_rows = []
+    for model, overrides in MODELS.items():
+        sweep_dir = args.sweeps / model
+        command = [sys.executable, "train.py", "-m", *GRID, *overrides, *SMALL, f"hydra.sweep.dir={sweep_dir}"]
+        print("gpu-check: " + " ".join(command[1:]), flush=True)
+        subprocess.run(command, cwd=ROOT)  # a failed job is a row; the sweep's own exit code is not ours
+        all_rows += rows(model, sweep.collect(sweep_dir))
+    write_report(args.out, all_rows, gpu, "make gpu-check")
+    print(f"gpu-check: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
