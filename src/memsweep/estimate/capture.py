@@ -24,7 +24,7 @@ from .allocator import Options, replay
 
 
 class Recorder(TorchDispatchMode):
-    """Records ("alloc", key, nbytes) / ("free", key) / ("reset_peak",) events in `self.events`."""
+    """Records ("alloc", key, nbytes) / ("free", key) events in `self.events`, as allocator.replay takes them."""
 
     def __init__(self, tensors=()):
         super().__init__()
@@ -44,10 +44,6 @@ class Recorder(TorchDispatchMode):
         for f in self.finalizers:
             f.detach()
         return super().__exit__(*exc)
-
-    def reset_peak(self) -> None:
-        """Mark where the measured part starts, as torch.cuda.reset_peak_memory_stats would."""
-        self.events.append(("reset_peak",))
 
     def see(self, t) -> None:
         if not isinstance(t, torch.Tensor):
