@@ -63,7 +63,7 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
     trainable = sum(t.numel for t in inv.params if t.trainable)
     breakdown = dict(chosen["breakdown"])
     breakdown["overhead"] = overhead
-    return {
+    estimate = {
         "method": "trace" if traced else "closed_form",
         "method_reason": reason,
         "hardware": profile.name,
@@ -98,6 +98,9 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
         "shape_advice": shapes.audit(profile, plan.micro_batch_size, config.vocab_size, job.data.pad_to_multiple_of),
         "seconds": round(time.perf_counter() - started, 2),
     }
+    if profile.device == "cuda":  # what the CUDA caching allocator reserves for the traced step (allocator.py)
+        estimate["peak_reserved_bytes"] = traced["allocator"]["peak_reserved_bytes"] if traced else None
+    return estimate
 
 
 def notes_for(job: Config, plan, profile: HardwareConf) -> list[str]:

@@ -16,6 +16,7 @@ import torch
 from ..measure import LedgerTracker, inner_optimizer, ledger_reading
 from ..schema import Config, HardwareConf
 from ..techniques import optim
+from . import capture
 
 
 class Untraceable(Exception):
@@ -220,14 +221,20 @@ def trace(job: Config, profile: HardwareConf, plan, model) -> dict[str, Any]:
         batches = [fake_batch(model, mb, job.max_seq_len) for _ in range(min(acc, 2))]
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, optimizer)
-        with tracker:
+        # On a GPU profile the same step's allocations and frees also go through the model of the
+        # CUDA caching allocator: what the GPU reserves for them (capture.py, allocator.py).
+        recorder = (capture.Recorder(capture.alive_at_step(model, inner_optimizer(optimizer)))
+                    if profile.device == "cuda" else contextlib.nullcontext())
+        with tracker, recorder:
             training_step(model, optimizer, batches, plan, job.optim.max_grad_norm, acc)
-        return {
+        reading = {
             **ledger_reading(tracker, state_bytes(optimizer)),
             "flops_per_step": flops.get_total_flops() * acc,
             "optimizer": type(optimizer).__name__,
-            "seconds": round(time.perf_counter() - started, 2),
         }
+        if profile.device == "cuda":
+            reading["allocator"] = capture.allocator_reading(recorder.events)
+        return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
 
 def count_flops(job: Config, profile: HardwareConf, plan, model) -> int:

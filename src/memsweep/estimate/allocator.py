@@ -1,0 +1,292 @@
+"""A model of PyTorch's CUDA caching allocator: what a GPU *reserves* for a sequence of allocations.
+
+The trace counts tensor bytes (what torch.cuda.max_memory_allocated reports), but a GPU fills up with
+what the caching allocator reserves (torch.cuda.max_memory_reserved): requests are rounded, packed
+into 2 MiB or 20 MiB segments, and a block freed by the forward stays cached for whatever fits it
+next. `replay` runs a sequence of ("alloc", key, nbytes) / ("free", key) / ("reset_peak",) events
+through the rules of DeviceCachingAllocator in c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x; the
+function named with each rule below is where it lives) and returns both peaks.
+
+Sources: CUDACachingAllocator.cpp (its header comment, the constants of namespace Native, malloc,
+round_size, get_pool, get_allocation_size, get_free_block, should_split, alloc_found_block,
+free_block, try_merge_blocks, alloc_block, find_expandable_block, try_allocate_expandable_block,
+Note [Expandable Segments]); c10 AllocatorConfig (parseMaxSplitSize); the torch docs page "CUDA
+semantics -> Memory management -> Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF".
+
+Modelled for one device and one stream (a training step's). Not modelled: empty_cache and what the
+allocator frees under memory pressure (a failed cudaMalloc releases cached unsplit segments and
+retries: here memory is unlimited, so the peak reserved is what the job reserves on a GPU with room
+to spare); other streams and their events; CUDA graph pools; garbage_collection_threshold;
+roundup_power2_divisions; the cudaMallocAsync backend. cudaMalloc's addresses are not known: new
+segments are placed at increasing addresses, which only breaks ties between free blocks of one size.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+MIB = 2**20
+
+# The constants at the top of CUDACachingAllocator.cpp (namespace Native; kLargeBuffer is also in
+# c10/core/CachingDeviceAllocator.h in newer versions), with the comments they carry there:
+K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: "all sizes are rounded to at least 512 bytes" (round_size)
+K_SMALL_SIZE = 1 * MIB  # kSmallSize: "largest 'small' allocation is 1 MiB" (get_pool: <= goes small)
+K_SMALL_BUFFER = 2 * MIB  # kSmallBuffer: "'small' allocations are packed in 2 MiB blocks"
+K_MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc: "allocations between 1 and 10 MiB may use kLargeBuffer"
+K_LARGE_BUFFER = 20 * MIB  # kLargeBuffer: "'large' allocations may be packed in 20 MiB blocks"
+K_ROUND_LARGE = 2 * MIB  # kRoundLarge: "round up large allocations to 2 MiB"
+
+# Note [Expandable Segments]: "we use 2MiB pages for our small pool and 20MiB pages for our large
+# pool" (find_expandable_block: segment_size = pool->is_small ? kSmallBuffer : kLargeBuffer).
+SMALL_PAGE, LARGE_PAGE = K_SMALL_BUFFER, K_LARGE_BUFFER
+
+# An expandable segment reserves virtual address space for 1 1/8 of the GPU's memory and maps pages
+# into it on demand; its unmapped rest only needs to be larger than any block (see _best_fit).
+ADDRESS_SPACE = 2**50
+
+
+def round_size(nbytes: int) -> int:
+    """round_size: up to a multiple of kMinBlockSize (roundup_power2_divisions, off by default, not modelled)."""
+    return max(K_MIN_BLOCK_SIZE, -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
+
+
+def allocation_size(size: int) -> int:
+    """get_allocation_size: what one cudaMalloc asks for when no cached block fits `size`."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER  # "requests between 1MB and 10MB will allocate and split a 20MB block"
+    return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+
+
+@dataclass(frozen=True)
+class Options:
+    """The PYTORCH_CUDA_ALLOC_CONF settings that change what is reserved (docs: "Optimizing memory
+    usage with PYTORCH_CUDA_ALLOC_CONF")."""
+    max_split_size: Optional[int] = None  # bytes; None = unlimited, the default ("all blocks can be split")
+    # max_non_split_rounding_mb: how much larger than a request an unsplittable block may be and still
+    # serve it; "In the default case, we only allow up to 20MB of rounding of non-split blocks".
+    max_non_split_rounding: int = K_LARGE_BUFFER
+    expandable_segments: bool = False
+
+    @classmethod
+    def parse(cls, conf: Optional[str]) -> "Options":
+        """From a PYTORCH_CUDA_ALLOC_CONF string ("<option>:<value>,..."); options not modelled are ignored."""
+        values = dict(item.split(":", 1) for item in (conf or "").replace(" ", "").split(",") if ":" in item)
+        options = cls(expandable_segments=values.get("expandable_segments", "False") == "True")
+        if "max_split_size_mb" in values:
+            mb = int(values["max_split_size_mb"])
+            # AllocatorConfig::parseMaxSplitSize: "max_split_size_mb too small, must be >= 20" (kLargeBuffer;
+            # "> 20" in 2.x versions before the config moved to c10/core)
+            if mb < K_LARGE_BUFFER // MIB:
+                raise ValueError(f"max_split_size_mb must be >= {K_LARGE_BUFFER // MIB}, got {mb}")
+            options = cls(mb * MIB, options.max_non_split_rounding, options.expandable_segments)
+        if "max_non_split_rounding_mb" in values:
+            options = cls(options.max_split_size, int(values["max_non_split_rounding_mb"]) * MIB,
+                          options.expandable_segments)
+        return options
+
+
+@dataclass(eq=False)
+class Segment:
+    """One cudaMalloc, or one expandable segment (`size` is then what is mapped of it)."""
+    small: bool
+    base: int
+    size: int
+    expandable: bool = False
+    last: Optional["Block"] = None  # the block at its end (an expandable segment grows after it)
+
+
+@dataclass(eq=False)
+class Block:
+    """A piece of a segment: allocated, or cached in its pool. prev/next are its neighbours in the segment."""
+    addr: int
+    size: int
+    segment: Segment
+    allocated: bool = False
+    prev: Optional["Block"] = None
+    next: Optional["Block"] = None
+
+
+@dataclass
+class Pool:
+    """BlockPool: the free blocks of the small or the large pool, in BlockComparatorSize's order
+    (size, then address; one stream), so the first one not smaller than a request is the best fit."""
+    small: bool
+    free: list = field(default_factory=list)  # sorted (size, addr, Block)
+    expandable: Optional[Segment] = None
+
+    def insert(self, block: Block) -> None:
+        bisect.insort(self.free, (block.size, block.addr, block))
+
+    def remove(self, block: Block) -> None:
+        i = bisect.bisect_left(self.free, (block.size, block.addr))
+        assert self.free[i][2] is block
+        del self.free[i]
+
+
+@dataclass(frozen=True)
+class Reading:
+    peak_allocated_bytes: int  # torch.cuda.max_memory_allocated: whole blocks, so rounding and unsplit slack count
+    peak_reserved_bytes: int  # torch.cuda.max_memory_reserved
+    allocated_bytes: int  # at the end
+    reserved_bytes: int  # at the end (never below the peak here: nothing is released)
+    segments: int  # cudaMallocs, or expandable segments with mapped memory
+
+
+class CachingAllocator:
+    def __init__(self, options: Options = Options()):
+        self.options = options
+        self.max_split = options.max_split_size if options.max_split_size is not None else float("inf")
+        self.pools = {True: Pool(small=True), False: Pool(small=False)}
+        self.live: dict = {}  # key -> its Block
+        self.empty: set = set()  # keys of 0-byte allocations, which never get a block
+        self.next_addr = 0
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = self.segments = 0
+
+    def malloc(self, key, nbytes: int) -> None:
+        if nbytes == 0:  # NativeCachingAllocator::allocate calls malloc only `if (size != 0)`
+            self.empty.add(key)
+            return
+        size = round_size(nbytes)
+        pool = self.pools[size <= K_SMALL_SIZE]  # get_pool
+        # malloc: first a cached block (get_free_block), else new device memory (alloc_block)
+        block = self._best_fit(pool, size) or self._new_memory(pool, size)
+        if self._should_split(block, size):
+            self._split(pool, block, size)
+        block.allocated = True
+        self.live[key] = block
+        self.allocated += block.size  # alloc_found_block: allocated_bytes grows by the whole block
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def free(self, key) -> None:
+        """free_block: the block goes back to its pool, merged with free neighbours in its segment
+        (try_merge_blocks); the memory stays reserved (only empty_cache or memory pressure release it)."""
+        if key in self.empty:
+            self.empty.discard(key)
+            return
+        block = self.live.pop(key)
+        block.allocated = False
+        self.allocated -= block.size
+        pool = self.pools[block.segment.small]
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                self._merge(pool, block, neighbour)
+        pool.insert(block)
+
+    def reset_peak(self) -> None:
+        """resetPeakStats (torch.cuda.reset_peak_memory_stats): peaks start again from the current values."""
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+    def reading(self) -> Reading:
+        return Reading(self.peak_allocated, self.peak_reserved, self.allocated, self.reserved, self.segments)
+
+    def _best_fit(self, pool: Pool, size: int) -> Optional[Block]:
+        """get_free_block: the smallest cached block that fits (lower_bound in size order), within the
+        max_split_size rules, else None."""
+        i = bisect.bisect_left(pool.free, (size, -1))
+        if i == len(pool.free):
+            return None
+        block = pool.free[i][2]
+        if block.segment.expandable and block is block.segment.last and i + 1 < len(pool.free):
+            # "for the purposes of 'best fit' we consider its size to be the size it can expand to":
+            # the block at an expandable segment's end can grow into the unmapped rest, so the next
+            # larger block is taken instead when there is one.
+            block = pool.free[i + 1][2]
+        # "Do not return an oversized block for a large request"
+        if size < self.max_split <= block.size:
+            return None
+        # "Allow oversized block size to be rounded up but within a limit" (max_non_split_rounding)
+        if size >= self.max_split and block.size >= size + self.options.max_non_split_rounding:
+            return None
+        pool.remove(block)
+        return block
+
+    def _should_split(self, block: Block, size: int) -> bool:
+        """should_split: the small pool (and every expandable segment) splits whenever the remainder
+        can hold a minimal block; the large pool only below max_split_size and when the remainder is
+        more than kSmallSize (a smaller one would belong in the small pool)."""
+        remaining = block.size - size
+        if block.segment.small or self.options.expandable_segments:
+            return remaining >= K_MIN_BLOCK_SIZE
+        return size < self.max_split and remaining > K_SMALL_SIZE
+
+    def _new_memory(self, pool: Pool, size: int) -> Block:
+        if self.options.expandable_segments:
+            return self._expand(pool, size)
+        # alloc_block: one cudaMalloc of get_allocation_size, a segment of its own
+        nbytes = allocation_size(size)
+        segment = Segment(pool.small, self.next_addr, nbytes)
+        block = segment.last = Block(self.next_addr, nbytes, segment)
+        self.next_addr += nbytes
+        self.segments += 1
+        self._reserve(nbytes)
+        return block
+
+    def _expand(self, pool: Pool, size: int) -> Block:
+        """try_allocate_expandable_block: one segment per pool grows at its end. find_expandable_block
+        starts from the free block at the end if there is one ("there might be a free segment we can
+        also use right before it"), and map_block maps what is still missing, in whole pages."""
+        page = SMALL_PAGE if pool.small else LARGE_PAGE
+        segment = pool.expandable
+        if segment is None:
+            segment = pool.expandable = Segment(pool.small, self.next_addr, 0, expandable=True)
+            self.next_addr += ADDRESS_SPACE
+            self.segments += 1
+        end = segment.last
+        free_end = end if end is not None and not end.allocated else None
+        grow = -(-(size - (free_end.size if free_end else 0)) // page) * page
+        if free_end is not None:
+            pool.remove(free_end)
+            free_end.size += grow
+            block = free_end
+        else:
+            block = Block(segment.base + segment.size, grow, segment, prev=end)
+            if end is not None:
+                end.next = block
+            segment.last = block
+        segment.size += grow
+        self._reserve(grow)
+        return block
+
+    def _split(self, pool: Pool, block: Block, size: int) -> None:
+        """alloc_found_block: the front of the block serves the request, the rest goes back to the pool."""
+        rest = Block(block.addr + size, block.size - size, block.segment, prev=block, next=block.next)
+        if block.next is not None:
+            block.next.prev = rest
+        block.next, block.size = rest, size
+        if block.segment.last is block:
+            block.segment.last = rest
+        pool.insert(rest)
+
+    def _merge(self, pool: Pool, block: Block, other: Block) -> None:
+        pool.remove(other)
+        if other is block.prev:
+            block.addr, block.prev = other.addr, other.prev
+            if block.prev is not None:
+                block.prev.next = block
+        else:
+            block.next = other.next
+            if block.next is not None:
+                block.next.prev = block
+        block.size += other.size
+        if block.segment.last is other:
+            block.segment.last = block
+
+    def _reserve(self, nbytes: int) -> None:
+        self.reserved += nbytes
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+
+def replay(events: Iterable[tuple], options: Options = Options()) -> Reading:
+    """Run ("alloc", key, nbytes) / ("free", key) / ("reset_peak",) events through the allocator."""
+    allocator = CachingAllocator(options)
+    for event in events:
+        if event[0] == "alloc":
+            allocator.malloc(event[1], event[2])
+        elif event[0] == "free":
+            allocator.free(event[1])
+        else:
+            allocator.reset_peak()
+    return allocator.reading()
