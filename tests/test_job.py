@@ -72,8 +72,26 @@ def test_wandb_offline_run_holds_the_config_and_the_summary(tiny_result):
     summary = run["summary"]
     assert summary["status"] == "ok" and summary["metrics.f1"] == pytest.approx(res["metrics"]["f1"])
     assert summary["memory.peak_bytes"] == res["memory"]["peak_bytes"]
-    # nothing written outside the job dir
-    assert os.environ["WANDB_DIR"].startswith(str(job_dir))
+
+
+def test_wandb_writes_nothing_outside_the_job_dir(tmp_path):
+    # wandb puts its debug logs under ~/.cache/wandb even offline and given dir=, and its settings under
+    # ~/.config/wandb: the job points them all into its job dir. A fresh process with an empty HOME and
+    # no WANDB_* variable: an in-process job of this session has set the WANDB_*_DIR ones, and
+    # WANDB_SERVICE would hand the child's run to this process's wandb-core, which writes elsewhere.
+    home, job_dir = tmp_path / "home", tmp_path / "job"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
+               XDG_DATA_HOME=str(home / ".local" / "share"), WANDB_MODE="offline", WANDB_SILENT="true")
+    args = [a for a in TINY if a != "logger=none"]
+    done = subprocess.run([sys.executable, "train.py", *args, "logger=wandb", "max_steps=2",
+                           f"hydra.run.dir={job_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert written == [], f"written outside the job dir, under HOME: {written}"
+    assert run_contents(find_run_file(job_dir))["run"] is not None
+    assert list(job_dir.rglob("core-debug-*.log"))  # the debug log that would have gone under HOME
 
 
 def test_bad_input_is_a_failed_result_and_a_clear_exit(tmp_path, capsys):
