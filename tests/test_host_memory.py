@@ -35,4 +35,3 @@ def test_a_later_job_is_told_what_the_process_runs_with(tiny_job, tmp_path):
     # It cannot be undone in a process: a later job that asks for false still runs with it, and says so.
     later = tiny_job("max_steps=4", "malloc_reuse=false", job_dir=tmp_path / "later")
     assert later["effective"]["malloc_reuse"] is True
-    assert later["time"]["minor_faults_per_step"] >= 0
