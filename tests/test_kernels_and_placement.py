@@ -1,8 +1,11 @@
 """attention, init, compile and hardware: what each changes, observed on the built or running job."""
+from types import SimpleNamespace
+
 import pytest
 from conftest import TINY, build_job, compose_config
 
 from memsweep import hardware
+from memsweep.schema import HardwareConf
 
 
 def test_eager_attention_holds_more_activation_bytes_than_sdpa(tiny_job, tmp_path):
@@ -50,6 +53,48 @@ def test_compile_hands_the_model_to_torch_compile(tmp_path):
 def test_a_larger_gpu_is_capped_to_the_profile(gib, device_gib, expected):
     got = hardware.memory_fraction(gib, device_gib * 2**30)
     assert got == pytest.approx(expected) if expected is not None else got is None
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A CUDA device of `gib` GiB as torch.cuda reports it; returns the fractions the code sets."""
+    import torch
+
+    fractions = []
+
+    def install(gib):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda device=None: SimpleNamespace(total_memory=int(gib * 2**30)))
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                            lambda fraction, device=None: fractions.append(fraction))
+        return fractions
+
+    return install
+
+
+T4_LIKE = HardwareConf(name="t4", device="cuda", memory_gib=15.0)
+
+
+def test_a_t4_profile_on_a_40_gib_gpu_caps_the_process_to_15_gib(fake_gpu):
+    fractions = fake_gpu(40)
+    assert hardware.cap_memory(T4_LIKE) == pytest.approx(15 / 40)
+    assert fractions == [pytest.approx(15 / 40)]
+
+
+@pytest.mark.parametrize("profile, device_gib", [(T4_LIKE, 8), (T4_LIKE, 15),
+                                                 (HardwareConf(name="auto", device="cuda", memory_gib=None), 80)])
+def test_the_whole_gpu_when_the_profile_is_not_smaller(fake_gpu, profile, device_gib):
+    # set to 1.0, not left alone: an earlier job of the same process may have capped it
+    fractions = fake_gpu(device_gib)
+    assert hardware.cap_memory(profile) is None
+    assert fractions == [1.0]
+
+
+def test_a_cpu_profile_sets_no_gpu_cap(fake_gpu):
+    fractions = fake_gpu(40)
+    assert hardware.cap_memory(HardwareConf(name="cpu", device="cpu", memory_gib=15.0)) is None
+    assert fractions == []
 
 
 def test_profiles_carry_capabilities():
