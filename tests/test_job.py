@@ -156,6 +156,7 @@ def test_online_without_a_server_falls_back_to_offline_fast(tmp_path, monkeypatc
     run.finish()
 
 
+@pytest.mark.slow  # a sweep in a subprocess
 def test_multirun_gives_one_result_and_one_wandb_run_per_job_in_one_group(tmp_path):
     sweep = tmp_path / "sweep"
     args = [a for a in TINY if a != "logger=none"]

@@ -50,7 +50,7 @@ def test_compile_wraps_the_model_the_trainer_trains(tiny_job, tmp_path):
     assert (on["effective"]["compiled"], off["effective"]["compiled"]) == (True, False)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # inductor compiles a training step
 def test_a_compiled_job_trains_a_graph_dynamo_captured(tiny_job):
     # The second step is the first outside the ledger: dynamo traces it and inductor compiles it,
     # 45-70 s with one layer on these 2 cores (~10 s once inductor's on-disk cache holds the graph).

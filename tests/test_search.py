@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import ROOT, TINY
 
@@ -22,6 +23,7 @@ def test_objective_is_the_metric_within_budget_and_none_otherwise():
     assert objective(_res(), SearchConf(metric="accuracy")) is None  # not measured -> no value
 
 
+@pytest.mark.slow  # a sweep in a subprocess
 def test_optuna_search_runs_trials_and_reports_the_best(tmp_path):
     # With seed 15 the sampler draws batch size 64, then 16 (peaks ~68 and ~35 MiB on the tiny model):
     # a 50 MiB budget fails the first trial, so exactly one trial is the best even when the F1 values
