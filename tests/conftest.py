@@ -68,6 +68,16 @@ def run_job(overrides, job_dir: Path, multirun: bool = False, exits: bool = Fals
         return results.read(job_dir / results.RESULTS_FILE)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip the `gpu` tests on a machine without CUDA (collected and reported as skipped, not hidden)."""
+    if torch.cuda.is_available():
+        return
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(no_gpu)
+
+
 @pytest.fixture
 def tiny_job(tmp_path):
     def _run(*overrides, job_dir=None):

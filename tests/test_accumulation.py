@@ -1,4 +1,5 @@
 """accumulation: same effective batch, a quarter of the micro-batch, the same gradients as one full batch."""
+import pytest
 import torch
 from conftest import TINY, build_job
 from transformers import TrainerCallback
@@ -39,6 +40,7 @@ def test_x4_gives_the_gradients_of_one_full_batch(tmp_path):
         assert (full[name] - accumulated[name]).norm() <= 1e-5 * full[name].norm() + floor, name
 
 
+@pytest.mark.slow  # two full-epoch jobs at 128 tokens
 def test_x4_quarters_the_micro_batch_and_the_activations_not_the_steps(tiny_job, tmp_path):
     one = tiny_job("max_seq_len=128", job_dir=tmp_path / "one")
     four = tiny_job("max_seq_len=128", "accumulation=x4", job_dir=tmp_path / "four")

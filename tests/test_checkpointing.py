@@ -1,4 +1,7 @@
 """checkpointing: measured activation bytes fall; layers really are checkpointed."""
+import pytest
+
+pytestmark = pytest.mark.slow  # two MiniLM jobs at 128 tokens
 
 
 def test_full_checkpointing_cuts_activation_bytes_five_fold(tmp_path):

@@ -7,6 +7,8 @@ batch, so the losses must match, and ZeRO must leave each rank half the optimize
 import pytest
 from conftest import run_job
 
+pytestmark = pytest.mark.slow  # every test starts ranks in fresh processes (torchrun or submitit)
+
 BASE = ["model=tiny", "data.train_size=128", "data.eval_size=64", "logger=none", "threads=1", "max_steps=3",
         "model.dropout=0", "dataloader.group_by_length=false", "measure.estimate=false"]
 

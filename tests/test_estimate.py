@@ -53,6 +53,9 @@ def measured(tmp_path_factory):
     return rows
 
 
+# The first of these tests to run runs the grid's 13 real jobs (the `measured` fixture): all are slow,
+# so that `-m "not slow"` leaves the grid out.
+@pytest.mark.slow  # the measured grid
 def test_trace_predicts_the_measured_peak_within_5_percent(measured):
     for overrides, res in measured[:len(GRID)]:
         est, mem = res["estimate"], res["memory"]
@@ -64,6 +67,7 @@ def test_trace_predicts_the_measured_peak_within_5_percent(measured):
         assert est["activations_bytes"] == pytest.approx(mem["activations_bytes"], rel=0.05), overrides
 
 
+@pytest.mark.slow  # the measured grid
 def test_closed_form_predicts_the_measured_peak_within_15_percent(measured):
     for overrides, res in measured:
         closed = res["estimate"]["closed_form"]
@@ -71,6 +75,7 @@ def test_closed_form_predicts_the_measured_peak_within_15_percent(measured):
         assert closed["optimizer_bytes"] == res["memory"]["optimizer_bytes"], overrides
 
 
+@pytest.mark.slow  # the measured grid
 def test_grid_covers_both_places_the_peak_can_be(measured):
     # otherwise the accuracy above would only be tested on one kind of peak
     places = {res["memory"]["peak_breakdown"]["temp"] > res["memory"]["peak_breakdown"]["activations"]
@@ -78,6 +83,7 @@ def test_grid_covers_both_places_the_peak_can_be(measured):
     assert places == {True, False}
 
 
+@pytest.mark.slow  # the measured grid
 def test_bitsandbytes_falls_back_to_the_closed_form_and_says_why(measured):
     est = measured[-1][1]["estimate"]
     assert est["method"] == "closed_form" and "bitsandbytes" in est["method_reason"]
@@ -85,6 +91,7 @@ def test_bitsandbytes_falls_back_to_the_closed_form_and_says_why(measured):
     assert est["flops_source"] == "FlopCounterMode"  # the model's forward/backward still traced for FLOPs
 
 
+@pytest.mark.slow  # the measured grid
 def test_flops_of_the_trace_agree_with_the_matmul_count(measured):
     for overrides, res in measured[:len(GRID)]:
         est = res["estimate"]
@@ -94,6 +101,7 @@ def test_flops_of_the_trace_agree_with_the_matmul_count(measured):
     assert recompute > fp32[("precision=fp32", "optim=sgd", "checkpointing=none")]  # checkpointing recomputes
 
 
+@pytest.mark.slow  # the measured grid
 def test_compare_gives_the_report_its_columns(measured):
     res = measured[0][1]
     c = results.estimate_vs_measured(res)

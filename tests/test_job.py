@@ -5,8 +5,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
-from conftest import ROOT, TINY, run_job
+from conftest import ROOT, TINY, build_job, run_job
 from wandb_records import find_run_file, run_contents
 
 from memsweep import results
@@ -35,12 +36,36 @@ def test_results_json_holds_every_field_with_measured_values(tiny_result):
     for section, keys in REQUIRED.items():
         for key in keys:
             assert key in on_disk[section], f"{section}.{key} missing"
-    assert 0 <= on_disk["metrics"]["f1"] <= 1 and on_disk["metrics"]["train_loss"] > 0
     assert all(on_disk["time"][k] > 0 for k in REQUIRED["time"])
     mem = on_disk["memory"]
     assert mem["device"] == "cpu" and mem["cuda_max_allocated"] is None  # no GPU: null, never invented
     assert mem["process_peak_rss"] > mem["peak_bytes"] > 0
     assert on_disk["versions"]["torch"].startswith("2.13.0")
+
+
+def test_metrics_are_the_evaluations_of_the_trained_model(tiny_result, tmp_path):
+    # The same job built again in this process trains to the same weights (same seed); its eval-set
+    # predictions, scored here, must give exactly the stored metrics.
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from memsweep.train_loop import release
+
+    res, _ = tiny_result
+    built = build_job(TINY, tmp_path / "again")
+    try:
+        out = built.trainer.train()
+        prediction = built.trainer.predict(built.data.eval)
+    finally:
+        release(built)
+    labels = np.asarray(built.data.eval["labels"])
+    predicted = prediction.predictions.argmax(axis=-1)
+    assert len(labels) == len(predicted) == res["data"]["eval_examples"] == 100
+    metrics = res["metrics"]
+    assert metrics["f1"] == pytest.approx(f1_score(labels, predicted, average="macro"), abs=1e-12)
+    assert metrics["accuracy"] == pytest.approx(accuracy_score(labels, predicted), abs=1e-12)
+    assert metrics["train_loss"] == pytest.approx(out.training_loss, rel=1e-6)
+    assert metrics["eval_loss"] == pytest.approx(prediction.metrics["test_loss"], rel=1e-6)
+    assert np.isfinite(metrics["eval_loss"]) and metrics["train_loss"] > 0
 
 
 def test_ledger_is_exact_for_weights_gradients_and_adam_state(tiny_result):
@@ -58,8 +83,9 @@ def test_ledger_is_exact_for_weights_gradients_and_adam_state(tiny_result):
 
 def test_ledger_does_not_depend_on_which_batches_were_measured(tmp_path):
     # different seeds draw different (differently long) batches; the measured step is padded to max_seq_len
-    a = run_job(TINY + ["seed=1"], tmp_path / "a")["memory"]
-    b = run_job(TINY + ["seed=2"], tmp_path / "b")["memory"]
+    a, b = run_job(TINY + ["seed=1"], tmp_path / "a"), run_job(TINY + ["seed=2"], tmp_path / "b")
+    assert a["metrics"]["train_loss"] != b["metrics"]["train_loss"]  # the seeds did draw different runs
+    a, b = a["memory"], b["memory"]
     assert a["peak_bytes"] == b["peak_bytes"] and a["activations_bytes"] == b["activations_bytes"]
 
 
@@ -72,8 +98,26 @@ def test_wandb_offline_run_holds_the_config_and_the_summary(tiny_result):
     summary = run["summary"]
     assert summary["status"] == "ok" and summary["metrics.f1"] == pytest.approx(res["metrics"]["f1"])
     assert summary["memory.peak_bytes"] == res["memory"]["peak_bytes"]
-    # nothing written outside the job dir
-    assert os.environ["WANDB_DIR"].startswith(str(job_dir))
+
+
+def test_wandb_writes_nothing_outside_the_job_dir(tmp_path):
+    # wandb puts its debug logs under ~/.cache/wandb even offline and given dir=, and its settings under
+    # ~/.config/wandb: the job points them all into its job dir. A fresh process with an empty HOME and
+    # no WANDB_* variable: an in-process job of this session has set the WANDB_*_DIR ones, and
+    # WANDB_SERVICE would hand the child's run to this process's wandb-core, which writes elsewhere.
+    home, job_dir = tmp_path / "home", tmp_path / "job"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
+               XDG_DATA_HOME=str(home / ".local" / "share"), WANDB_MODE="offline", WANDB_SILENT="true")
+    args = [a for a in TINY if a != "logger=none"]
+    done = subprocess.run([sys.executable, "train.py", *args, "logger=wandb", "max_steps=2",
+                           f"hydra.run.dir={job_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert written == [], f"written outside the job dir, under HOME: {written}"
+    assert run_contents(find_run_file(job_dir))["run"] is not None
+    assert list(job_dir.rglob("core-debug-*.log"))  # the debug log that would have gone under HOME
 
 
 def test_bad_input_is_a_failed_result_and_a_clear_exit(tmp_path, capsys):
@@ -112,6 +156,7 @@ def test_online_without_a_server_falls_back_to_offline_fast(tmp_path, monkeypatc
     run.finish()
 
 
+@pytest.mark.slow  # a sweep in a subprocess
 def test_multirun_gives_one_result_and_one_wandb_run_per_job_in_one_group(tmp_path):
     sweep = tmp_path / "sweep"
     args = [a for a in TINY if a != "logger=none"]

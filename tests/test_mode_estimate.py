@@ -1,4 +1,5 @@
 """mode=estimate through train.py: no training, estimate.json per job, estimate.md for the sweep."""
+import itertools
 import json
 import os
 import subprocess
@@ -13,8 +14,24 @@ def test_estimate_mode_predicts_without_training(tmp_path):
                            f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "WANDB_MODE": "offline"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (sweep / "estimate.md").is_file() and "fits" in done.stdout
-    for job in ("0", "1"):
+    rows = {row["#"]: row for row in markdown_table((sweep / "estimate.md").read_text())}
+    assert {job: row["precision"] for job, row in rows.items()} == {"0": "fp32", "1": "bf16"}
+    for job, row in rows.items():
         res = json.loads((sweep / job / "results.json").read_text())
         assert res["status"] == "ok" and res["time"]["train_s"] is None  # nothing was trained
-        assert res["estimate"]["peak_bytes"] > 0 and (sweep / job / "estimate.json").is_file()
+        assert res["estimate"]["peak_bytes"] > 0
+        estimate = json.loads((sweep / job / "estimate.json").read_text())
+        # the tiny model against the host's memory: fits, with the margin to show for it
+        assert estimate["fits"] is True
+        assert estimate["margin_bytes"] == estimate["capacity_bytes"] - estimate["total_bytes"] > 0
+        assert row["fits"] == "yes", row
+
+
+def markdown_table(text: str) -> list[dict[str, str]]:
+    """The rows of the first markdown table in `text`, each a dict by column name."""
+    lines = [line.strip() for line in text.splitlines()]
+    start = next(n for n, line in enumerate(lines) if line.startswith("|"))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    head, _rule, *body = cells
+    return [dict(zip(head, row, strict=True)) for row in body]

@@ -1,8 +1,10 @@
 """hparams_search=optuna: F1 is the objective, and a job over the memory budget is a failed trial."""
+import json
 import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import ROOT, TINY
 
@@ -21,13 +23,35 @@ def test_objective_is_the_metric_within_budget_and_none_otherwise():
     assert objective(_res(), SearchConf(metric="accuracy")) is None  # not measured -> no value
 
 
+@pytest.mark.slow  # a sweep in a subprocess
 def test_optuna_search_runs_trials_and_reports_the_best(tmp_path):
+    # With seed 15 the sampler draws batch size 64, then 16 (peaks ~68 and ~35 MiB on the tiny model):
+    # a 50 MiB budget fails the first trial, so exactly one trial is the best even when the F1 values
+    # tie (after 2 steps the tiny model predicts the majority class). Optuna gives a tie to the first
+    # trial: a search that ignored the budget would report the over-budget one.
+    budget = 50 * 2**20
     sweep = tmp_path / "search"
     done = subprocess.run(
         [sys.executable, "train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", *TINY,
-         "max_steps=2", "search.max_peak_gib=1.0", f"hydra.sweep.dir={sweep}"],
+         "max_steps=2", "seed=15", f"search.max_peak_gib={budget / 2**30}", f"hydra.sweep.dir={sweep}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_MODE": "offline"})
     assert done.returncode == 0, done.stderr[-2000:]
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
-    assert set(best["best_params"]) == {"lr", "batch_size"} and 0 <= best["best_value"] <= 1
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1"]
+    trials = [json.loads((sweep / n / "results.json").read_text()) for n in ("0", "1")]
+    assert all(t["status"] == "ok" for t in trials)
+    # each trial's objective, read from its own results.json: F1, or nothing when over the budget
+    scores = [t["metrics"]["f1"] if t["memory"]["peak_bytes"] <= budget else None for t in trials]
+    within = [n for n, score in enumerate(scores) if score is not None]
+    assert within, "every trial is over the budget: nothing to report"
+    assert best["best_value"] == max(scores[n] for n in within)
+    winners = [n for n in within if scores[n] == best["best_value"]]
+    assert len(winners) == 1, f"trials tie ({scores}): the test cannot tell whose parameters should be reported"
+    # best_params are the parameters that job ran with: as Optuna set them, and as Hydra composed them
+    (winner,) = winners
+    overrides = dict(o.split("=", 1) for o in trials[winner]["overrides"])
+    params = best["best_params"]
+    assert set(params) == {"lr", "batch_size"}
+    assert (float(overrides["lr"]), int(overrides["batch_size"])) == (params["lr"], params["batch_size"])
+    config = yaml.safe_load((sweep / str(winner) / ".hydra" / "config.yaml").read_text())
+    assert (config["lr"], config["batch_size"]) == (params["lr"], params["batch_size"])

@@ -51,6 +51,7 @@ def statuses(sweep_dir: Path, n: int) -> list:
     return [(results.read(sweep_dir / str(i) / "results.json") or {}).get("status") for i in range(n)]
 
 
+@pytest.mark.slow  # a five-job sweep in a subprocess
 def test_oom_divergence_error_and_refusal_in_one_sweep_every_job_a_result(tmp_path):
     conf, sweep_dir = write_cases(tmp_path / "conf"), tmp_path / "sweep"
     done = run_sweep(["+case=ok,oom,failed,diverged,unsupported", *WITH_WANDB, f"hydra.searchpath=[file://{conf}]"],
@@ -82,6 +83,7 @@ def test_oom_divergence_error_and_refusal_in_one_sweep_every_job_a_result(tmp_pa
     assert all((sweep_dir / name).stat().st_size > 0 for name in report.FILES)
 
 
+@pytest.mark.slow  # a sweep, killed and resumed, in subprocesses
 def test_a_sweep_killed_mid_job_resumes_with_every_job_done_once(tmp_path):
     sweep_dir = tmp_path / "sweep"
     args = ["data.train_size=256,300,200", *(o for o in WITH_WANDB if not o.startswith("data.train_size="))]
@@ -127,6 +129,7 @@ def test_a_sweep_killed_mid_job_resumes_with_every_job_done_once(tmp_path):
     assert "3 jobs (3 ok)" in (sweep_dir / "summary.md").read_text()
 
 
+@pytest.mark.slow  # a sweep through submitit, then the job again here
 def test_submitit_local_runs_a_two_job_sweep_with_the_results_of_the_basic_launcher(tmp_path):
     one_thread = [o for o in TINY if not o.startswith("threads=")] + ["threads=1"]  # both jobs run at once
     sweep_dir = tmp_path / "sweep"
