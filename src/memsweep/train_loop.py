@@ -169,4 +169,7 @@ def release(built: Built | None) -> None:
     if built is not None:
         built.ledger.close()  # a job that raised inside the ledger step leaves its tracker open
         built.trainer.accelerator.free_memory()
+        if built.trainer.args.torch_compile:
+            # dynamo's caches outlive the job: a later compiled job of the process would capture nothing
+            torch._dynamo.reset()
     procenv.teardown()
