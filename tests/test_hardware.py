@@ -21,7 +21,9 @@ def fake_gpu(monkeypatch, name: str, gib: float, major: int, bf16: bool):
 @pytest.mark.parametrize("name, option", [("Tesla T4", "t4"), ("NVIDIA A10G", "a10g"),
                                           ("NVIDIA A100-SXM4-40GB", "a100_40gb"),
                                           ("NVIDIA A100-SXM4-80GB", "a100_80gb"), ("NVIDIA A100 80GB PCIe", "a100_80gb"),
-                                          ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA GeForce RTX 3090", None)])
+                                          ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA GeForce RTX 3090", "rtx3090"),
+                                          ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA L4", "l4"),
+                                          ("NVIDIA L40S", None), ("NVIDIA GeForce RTX 3080", None)])
 def test_gpu_names_map_to_their_profile(name, option):
     assert hardware.profile_option(name) == option
 
@@ -36,9 +38,9 @@ def test_auto_on_a_known_gpu_is_its_profile(monkeypatch):
 
 
 def test_auto_on_an_unknown_gpu_takes_its_properties(monkeypatch):
-    fake_gpu(monkeypatch, "NVIDIA GeForce RTX 3090", 24.0, major=8, bf16=True)
+    fake_gpu(monkeypatch, "NVIDIA GeForce RTX 3080", 10.0, major=8, bf16=True)
     profile = hardware.detect(HardwareConf())
-    assert profile.name == "auto:NVIDIA GeForce RTX 3090" and profile.memory_gib == pytest.approx(24.0)
+    assert profile.name == "auto:NVIDIA GeForce RTX 3080" and profile.memory_gib == pytest.approx(10.0)
     assert (profile.bf16, profile.tf32, profile.tensor_core_multiple) == (True, True, 64)
 
 

@@ -1,5 +1,6 @@
 """Hardware profiles: what a device can do (memory, dtypes, peak TFLOP/s), and detection for `hardware=auto`."""
 import os
+import re
 import sys
 from dataclasses import replace
 from typing import Optional
@@ -11,13 +12,14 @@ from .schema import HardwareConf
 # GPU name fragment (as torch.cuda.get_device_name reports it) -> profile option in conf/hardware/,
 # for `hardware=auto`; the longest fragment that matches wins ("A100 80GB" before "A100").
 KNOWN_GPUS = {"T4": "t4", "A10G": "a10g", "A100-SXM4-80GB": "a100_80gb", "A100 80GB": "a100_80gb",
-              "A100": "a100_40gb", "H100": "h100"}
+              "A100": "a100_40gb", "H100": "h100", "RTX 3090": "rtx3090", "RTX 4090": "rtx4090", "L4": "l4"}
 
 
 def profile_option(gpu_name: str) -> Optional[str]:
     """The conf/hardware option of a GPU, from its name; None for a GPU without a profile."""
     for fragment in sorted(KNOWN_GPUS, key=len, reverse=True):
-        if fragment in gpu_name:
+        # whole words only: "L4" is not "L40S"
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(fragment)}(?![A-Za-z0-9])", gpu_name):
             return KNOWN_GPUS[fragment]
     return None
 

@@ -56,7 +56,8 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
             flops_source = "closed_form"
 
     overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
-    total = chosen["peak_bytes"] + overhead
+    device = device_counters(chosen, traced, overhead) if profile.device == "cuda" else {}
+    total = device["device_used_bytes"] if device else chosen["peak_bytes"]
     capacity = capacity_bytes(profile)
     key = precision.traits(job.precision.name).compute
     tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
@@ -71,9 +72,10 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
         "micro_batch_size": plan.micro_batch_size,
         "accumulation_steps": plan.accumulation_steps,
         "seq_len": job.max_seq_len,
-        "peak_bytes": chosen["peak_bytes"],  # the device peak, as results.json memory.peak_bytes
+        "peak_bytes": chosen["peak_bytes"],  # tensor bytes at the peak, as results.json memory.peak_bytes
         "overhead_bytes": overhead,  # the profile's CUDA context
-        "total_bytes": total,
+        **device,  # a GPU's three counters: peak allocated, peak reserved, device used
+        "total_bytes": total,  # what must fit the capacity: device used on a GPU, the peak on a CPU
         "breakdown": breakdown,
         "activations_bytes": chosen["activations_bytes"],
         "grads_bytes": chosen["grads_bytes"],
@@ -98,9 +100,20 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
         "shape_advice": shapes.audit(profile, plan.micro_batch_size, config.vocab_size, job.data.pad_to_multiple_of),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    if profile.device == "cuda":  # what the CUDA caching allocator reserves for the traced step (allocator.py)
-        estimate["peak_reserved_bytes"] = traced["allocator"]["peak_reserved_bytes"] if traced else None
     return estimate
+
+
+def device_counters(chosen: dict[str, Any], traced: Optional[dict[str, Any]], context: int) -> dict[str, Any]:
+    """The three figures a GPU shows for the step, each predicted as that counter is made:
+    peak allocated (torch.cuda.max_memory_allocated: whole allocator blocks), peak reserved
+    (max_memory_reserved: the caching allocator's segments, replayed in allocator.py) and device used
+    (nvidia-smi: reserved plus the CUDA context). The closed form has no allocation sequence to replay:
+    there reserved is not predicted and used counts the tensor bytes."""
+    allocator = (traced or {}).get("allocator")
+    allocated = allocator["peak_allocated_bytes"] if allocator else chosen["peak_bytes"]
+    reserved = allocator["peak_reserved_bytes"] if allocator else None
+    return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved,
+            "device_used_bytes": (reserved or allocated) + context}
 
 
 def notes_for(job: Config, plan, profile: HardwareConf) -> list[str]:
@@ -110,8 +123,9 @@ def notes_for(job: Config, plan, profile: HardwareConf) -> list[str]:
     if plan.nproc > 1 and not plan.process_group:  # plain DDP
         notes.append("per process; DDP's gradient buckets are not included")
     if profile.device == "cuda":
-        notes.append("CUDA: traced with the GPU's dropout and memory-efficient SDPA kernels on the CPU; the "
-                     "caching allocator's reserve above the allocated peak is not included")
+        notes.append("CUDA: traced with the GPU's dropout and memory-efficient SDPA kernels on the CPU; reserved "
+                     "replays the step's allocations through a model of the caching allocator; device used adds "
+                     "the profile's CUDA context (cuBLAS/cuDNN workspaces are not included)")
     return notes
 
 

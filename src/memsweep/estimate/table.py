@@ -31,6 +31,8 @@ def _row(est: dict[str, Any], with_shapes: bool) -> dict[str, str]:
     parts = {**bd, "temp": bd.get("temp", 0) + bd.get("buffers", 0) + bd.get("other", 0)}
     diff = est.get("closed_form_vs_trace_pct")
     row = {"method": est["method"], "total GiB": _gib(est["total_bytes"]),
+           **({"allocated GiB": _gib(est["peak_allocated_bytes"]), "reserved GiB": _gib(est["peak_reserved_bytes"]),
+               "used GiB": _gib(est["device_used_bytes"])} if est["device"] == "cuda" else {}),
            **{p: _gib(parts.get(p, 0)) for p in TABLE_PARTS},
            "capacity GiB": _gib(est["capacity_bytes"]), "fits": {True: "yes", False: "**no**", None: "?"}[est["fits"]],
            "margin GiB": _gib(est["margin_bytes"]),
@@ -66,6 +68,10 @@ def sweep_table(jobs: list[sweep.SweepJob]) -> str:
     table = pd.DataFrame(rows).fillna("").to_markdown(index=False, disable_numparse=True)
     notes = sorted({f"{est['method']}: {est['method_reason']}" for est in map(_estimated, jobs)
                     if est is not None and est["method_reason"]}) + shapes.table_notes(advices)
+    if any(est is not None and est["device"] == "cuda" for est in map(_estimated, jobs)):
+        notes.insert(0, "total = what must fit the capacity: on a GPU the device used (nvidia-smi: reserved + the "
+                        "CUDA context), on a CPU the peak. allocated / reserved = torch.cuda.max_memory_allocated / "
+                        "max_memory_reserved; the closed form predicts no reserved (-).")
     return "\n".join([table, ""] + [f"- {note}" for note in notes]) + "\n"
 
 
