@@ -163,6 +163,11 @@ def collect(sweep_dir: Path) -> list[SweepJob]:
     return jobs
 
 
+def job_name(overrides: list[str]) -> str:
+    """A job as memsweep's lines, W&B and the summary name it: its overrides, or `default`."""
+    return ",".join(overrides) or "default"
+
+
 def as_dict(overrides: list[str]) -> dict[str, str]:
     pairs = (o.split("=", 1) for o in overrides if "=" in o)
     return {k.lstrip("+~"): v for k, v in pairs}
