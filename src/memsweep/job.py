@@ -60,6 +60,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     with finishing(res, ctx, cfg) as wandb_run:
         body(cfg, res, ctx.job_dir, wandb_run)
     print_summary(res, ctx.job_dir)
+    if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
+        print(f"[memsweep] W&B run: {run_at}", flush=True)
     code = exit_code(res.status, res.reason)
     if code == EXIT_CODES["bad input"]:
         print(f"memsweep: error: {res.reason.removeprefix(BAD_INPUT)}")
