@@ -1,13 +1,54 @@
 """Hydra callbacks (registered under `hydra.callbacks` in conf/config.yaml).
 
 Hydra instantiates them at every start, also for `--help` and single runs: keep this module light
-and import the report's pandas/matplotlib only when a multirun ends.
+and import the sweep layer only when a multirun starts, the report's pandas/matplotlib only when it ends.
 """
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+
+class JobProgress(Callback):
+    """Before each job of a sweep: `[memsweep] job k/N: <overrides> (ETA for the sweep: ...)`.
+
+    N is what the sweeper will run (its grid, or a search's trials). The ETA is the mean duration of
+    the jobs this process has run so far times the jobs left: from the second job on, and only where
+    jobs run one after another (Hydra's basic launcher); a launcher's worker processes each start
+    with no job of their own done, so they show none. `progress=none` shows nothing.
+    """
+
+    def __init__(self) -> None:
+        self.in_sweep = False
+        self.total: Optional[int] = None
+        self.durations: list[float] = []
+        self.started: Optional[float] = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from . import sweep
+
+        self.in_sweep, self.total = True, sweep.size(config)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started = time.perf_counter()
+        if not self.in_sweep or OmegaConf.select(config, "progress") == "none":
+            return
+        from . import eta, sweep
+
+        num = int(config.hydra.job.num)
+        line = f"[memsweep] job {num + 1}" + (f"/{self.total}" if self.total else "")
+        line += f": {sweep.job_name(list(config.hydra.overrides.task))}"
+        if self.durations and self.total:
+            mean = sum(self.durations) / len(self.durations)
+            line += f" (ETA for the sweep: {eta.duration(mean * max(1, self.total - num))})"
+        print(line, flush=True)
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.started is not None:
+            self.durations.append(time.perf_counter() - self.started)
+            self.started = None
 
 
 class SweepReport(Callback):

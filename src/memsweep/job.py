@@ -33,7 +33,7 @@ class Context:
 
     @property
     def name(self) -> str:
-        return ",".join(self.overrides) or "default"
+        return sweep.job_name(self.overrides)
 
 
 def hydra_context() -> Context:
@@ -60,6 +60,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     with finishing(res, ctx, cfg) as wandb_run:
         body(cfg, res, ctx.job_dir, wandb_run)
     print_summary(res, ctx.job_dir)
+    if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
+        print(f"[memsweep] W&B run: {run_at}", flush=True)
     code = exit_code(res.status, res.reason)
     if code == EXIT_CODES["bad input"]:
         print(f"memsweep: error: {res.reason.removeprefix(BAD_INPUT)}")
@@ -155,7 +157,7 @@ def _mib(n) -> str:
 
 def print_summary(res: Result, job_dir: Path) -> None:
     m, t, mem = res.metrics, res.time, res.memory
-    name = ",".join(res.overrides) or "default"
+    name = sweep.job_name(res.overrides)
     lines = [f"[memsweep] {name}: {res.status}" + (f" ({res.reason})" if res.reason else "")]
     if res.status == "ok" and m.f1 is not None:  # trained (mode=estimate prints its own line)
         lines.append(f"  F1 {m.f1:.4f}  accuracy {m.accuracy:.4f}  train loss {m.train_loss:.4f}")

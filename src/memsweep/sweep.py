@@ -65,9 +65,21 @@ def grid(sweep_dir: Path) -> Optional[list[list[str]]]:
     """The job overrides of a Hydra sweep, in job-number order, recomputed from multirun.yaml. None
     when there is no such file or another sweeper ran."""
     path = Path(sweep_dir) / MULTIRUN_FILE
-    if not path.is_file():
-        return None
-    cfg = OmegaConf.load(path)
+    return grid_of(OmegaConf.load(path)) if path.is_file() else None
+
+
+def size(cfg) -> Optional[int]:
+    """How many jobs a multirun config runs: its grid's, or the trials of a search (hparams_search);
+    None when the sweeper does not say."""
+    planned = grid_of(cfg)
+    if planned is not None:
+        return len(planned)
+    trials = OmegaConf.select(cfg, "hydra.sweeper.n_trials")
+    return int(trials) if isinstance(trials, int) and trials > 0 else None
+
+
+def grid_of(cfg) -> Optional[list[list[str]]]:
+    """The job overrides of a multirun config (what multirun.yaml holds); None for another sweeper."""
     sweeper = OmegaConf.select(cfg, "hydra.sweeper") or {}
     if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
@@ -161,6 +173,11 @@ def collect(sweep_dir: Path) -> list[SweepJob]:
             jobs.append(SweepJob(num, list((res or {}).get("overrides") or overrides), recorded["status"],
                                  recorded.get("reason"), res, job_dir, estimate))
     return jobs
+
+
+def job_name(overrides: list[str]) -> str:
+    """A job as memsweep's lines, W&B and the summary name it: its overrides, or `default`."""
+    return ",".join(overrides) or "default"
 
 
 def as_dict(overrides: list[str]) -> dict[str, str]:

@@ -7,18 +7,18 @@ from pathlib import Path
 import numpy as np
 import torch
 from sklearn.metrics import accuracy_score, f1_score
-from transformers import DataCollatorWithPadding, TrainingArguments
+from transformers import DataCollatorWithPadding, PrinterCallback, ProgressCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
 from . import host_memory, memcap
 from . import model as model_mod
-from . import procenv, shapes
+from . import procenv, progress, shapes
 from .errors import Diverged
 from .measure import LedgerCallback, effective, param_bytes
 from .plan import Plan, build_plan
 from .results import Result
-from .schema import Config, HardwareConf
+from .schema import Config, HardwareConf, Progress
 from .steptime import StepTimer
 from .trainer import DivergenceCallback, MemsweepTrainer, WandbLogCallback
 
@@ -65,12 +65,16 @@ class Built:
     ledger: LedgerCallback
     divergence: DivergenceCallback
     step_timer: StepTimer
+    progress: progress.PhaseProgress
 
 
 def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     """Tokenizer, data, model with every technique applied, and the Trainer that will run it."""
     procenv.prepare()
     hf_logging.set_verbosity_error()
+    display = progress.PhaseProgress(job.progress)
+    if display.mode != Progress.bar:  # in a log, transformers' loading bars are carriage-return noise
+        hf_logging.disable_progress_bar()
     if job.threads:
         torch.set_num_threads(job.threads)
     if job.malloc_reuse:
@@ -97,12 +101,14 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
         train_dataset=data.train,
         processing_class=tokenizer,
         data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=job.data.pad_to_multiple_of),
-        callbacks=[ledger, divergence, WandbLogCallback(run), step_timer],
+        callbacks=[ledger, divergence, WandbLogCallback(run), step_timer, display],
         plan=plan,
         pad_to=job.max_seq_len,
         pad_measured_step=ledger_step if job.measure.ledger else -1,
     )
-    return Built(trainer, data, ledger, divergence, step_timer)
+    for stock in (PrinterCallback, ProgressCallback):  # `display` replaces them: both would say the same
+        trainer.remove_callback(stock)
+    return Built(trainer, data, ledger, divergence, step_timer, display)
 
 
 def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: Result, run) -> None:
@@ -167,6 +173,7 @@ def _train_and_evaluate(built: Built, profile: HardwareConf, res: Result, run) -
 def release(built: Built | None) -> None:
     """Leave the process clean for the next job of a sweep (Hydra's basic launcher runs them all in one)."""
     if built is not None:
+        built.progress.close()  # a phase that raised leaves its bar open
         built.ledger.close()  # a job that raised inside the ledger step leaves its tracker open
         built.trainer.accelerator.free_memory()
         if built.trainer.args.torch_compile:

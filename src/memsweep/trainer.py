@@ -9,6 +9,7 @@
   the model in DDP instead. The plugin is put back, so Accelerate's own FSDP2 path shards the model.
 - Tokens seen: stock Trainer reads the count back (`.item()`) after every micro-batch, a host sync
   per step on a GPU. Here it is summed on the device and read when Trainer logs.
+- Evaluation has no "begin" event: `evaluation_loop` sends one, so its progress display times it all.
 - Batches of similar length (shuffled buckets) cut padding; the ledger step's batches are padded to
   `max_seq_len` so its memory figure does not depend on which examples it drew.
 """
@@ -129,6 +130,14 @@ class MemsweepTrainer(Trainer):
     def log(self, logs, start_time=None):
         self.tokens_seen()  # logs carry the count; Trainer syncs here for the loss anyway
         return super().log(logs, start_time)
+
+    def evaluation_loop(self, dataloader, *args, **kwargs):
+        # Trainer's first event of an evaluation comes after its first batch; the progress display
+        # (progress.PhaseProgress) starts here so its time and ETA count that batch too.
+        for callback in self.callback_handler.callbacks:
+            if hasattr(callback, "on_evaluation_begin"):
+                callback.on_evaluation_begin(self.args, self.state, self.control, eval_dataloader=dataloader)
+        return super().evaluation_loop(dataloader, *args, **kwargs)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)

@@ -1,4 +1,9 @@
-"""Weights & Biases: offline unless WANDB_MODE=online, every file inside the job dir, fast offline fallback."""
+"""Weights & Biases: offline unless WANDB_MODE=online, every file inside the job dir, fast offline fallback.
+
+wandb's own console output (its banner at init, its history/summary block at finish) is turned off:
+memsweep prints one line per run instead (`where`), so a job's summary is what stands out. wandb's
+warnings and errors still print; the run's records are the same either way.
+"""
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -27,11 +32,13 @@ def start(cfg, job_dir: Path, group: str, name: str, job_type: str, config: dict
                   config=config, tags=list(tags) + list(cfg.tags), dir=str(job_dir), reinit="finish_previous")
     if mode == "online":
         try:
-            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=cfg.init_timeout_s), **kwargs)
+            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=cfg.init_timeout_s, silent=True),
+                              **kwargs)
         except Exception as exc:
             print(f"[memsweep] W&B online unreachable within {cfg.init_timeout_s:.0f} s "
                   f"({type(exc).__name__}); logging offline instead (make wandb-sync uploads later)")
-    return wandb.init(mode="disabled" if mode == "disabled" else "offline", **kwargs)
+    return wandb.init(mode="disabled" if mode == "disabled" else "offline", settings=wandb.Settings(silent=True),
+                      **kwargs)
 
 
 def finish(run, summary: dict[str, Any], exit_code: int = 0) -> None:
@@ -39,3 +46,12 @@ def finish(run, summary: dict[str, Any], exit_code: int = 0) -> None:
         return
     run.summary.update(summary)
     run.finish(exit_code=exit_code)
+
+
+def where(run) -> Optional[str]:
+    """The run in one line: its URL online, its dir offline; None without a run (or WANDB_MODE=disabled)."""
+    if run is None or run.disabled:
+        return None
+    if run.offline:
+        return f"{run.settings.sync_dir} (offline; make wandb-sync uploads it)"
+    return run.settings.run_url
