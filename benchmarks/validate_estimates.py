@@ -1,0 +1,171 @@
+"""`make validate-estimates`: the estimator against published GPU memory measurements.
+
+Every table in benchmarks/published/ (one YAML file per source, with its set-up and the counter it
+reports) is read; each row memsweep can express as a job is estimated offline on the matching GPU
+profile, and its prediction for *that* counter (peak allocated, peak reserved, or device used) is put
+beside the published figure with the error. A row that cannot be expressed is listed with the reason.
+No constant is fitted to these tables: they only check. Exit 1 when a modelled row is off by more
+than the tolerance (10 %).
+"""
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
+PUBLISHED = ROOT / "benchmarks" / "published"
+TOLERANCE_PCT = 10.0
+GIB = 2**30
+# The published counter -> the estimate's field that predicts it. torchtune's "active" peak counts
+# live blocks, as max_memory_allocated does.
+COUNTER_FIELD = {"max_memory_allocated": "peak_allocated_bytes", "active_bytes_peak": "peak_allocated_bytes",
+                 "max_memory_reserved": "peak_reserved_bytes", "nvidia_smi_used": "device_used_bytes"}
+UNIT_BYTES = {"GB": 1e9, "GiB": 2**30, "MiB": 2**20, "MB": 1e6}
+
+
+class NotModelled(Exception):
+    """A published row memsweep cannot express as a job; the message says why."""
+
+
+# --- published rows as memsweep jobs -------------------------------------------------------------
+
+DISTILBERT_PRECISION = {"fp32": "fp32", "fp16_mixed": "fp16", "bf16_mixed": "bf16", "bf16_true": "bf16_true"}
+
+
+def distilbert_precision_ladder(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
+    precision = str(row["precision"]).split()[0]
+    if precision == "fp16_true":
+        raise NotModelled("pure fp16 weights and optimizer state: memsweep has no fp16_true precision")
+    if precision not in DISTILBERT_PRECISION:
+        raise NotModelled(f"{precision}: no memsweep precision")
+    name = DISTILBERT_PRECISION[precision]
+    if name == "fp32" and row.get("float32_matmul_precision", "highest") != "highest":
+        name = "tf32"  # torch.set_float32_matmul_precision('high'/'medium'): TF32 matmuls, the same bytes
+    # transformers 4.28's DistilBERT attention is eager; torch.optim.Adam keeps AdamW's two moments
+    return ["model=distilbert", "hardware=a100_40gb", "batch_size=12", "max_seq_len=512", f"precision={name}",
+            "optim=adamw_torch", "attention=eager"]
+
+
+def bert_large_rtx3090(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
+    return ["model=bert-large", "hardware=rtx3090", f"batch_size={row['micro_batch']}",
+            f"max_seq_len={row['seq_len']}", "precision=fp32", "optim=adamw_torch", "attention=eager"]
+
+
+def decoder(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
+    raise NotModelled("a decoder LLM: memsweep's models are BERT-family encoders until decoder support lands")
+
+
+def vision(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
+    raise NotModelled("a vision transformer: memsweep builds text models")
+
+
+def several_gpus(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
+    raise NotModelled("several GPUs with DeepSpeed/FSDP: estimated by the closed form, which predicts no reserved "
+                      "bytes and does not shard by world size")
+
+
+# file stem -> how its rows become a job (or why they cannot)
+TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], list[str]]] = {
+    "rasbt_distilbert_imdb_precision": distilbert_precision_ladder,
+    "mscherrmann_bert_large_rtx3090": bert_large_rtx3090,
+    "rasbt_distilbert_bigbird_imdb_4gpu": several_gpus,
+    "rasbt_vit_l16_cifar10_memory_ladder": vision,
+    "torchao_low_bit_adamw_vit_h": vision,
+    "torchao_cpu_offload_vit_giant": vision,
+    "torchao_cpu_offload_vit_giant_ablation": vision,
+}
+
+
+def job_for(stem: str, row: dict[str, Any], common: dict[str, Any]) -> list[str]:
+    return TABLES.get(stem, decoder)(row, common)
+
+
+# --- the check ------------------------------------------------------------------------------------
+
+def published_bytes(row: dict[str, Any]) -> Optional[float]:
+    if row.get("memory") is None:
+        return None  # an out-of-memory row: nothing to compare
+    return float(row["memory"]) * UNIT_BYTES[unit(row)]
+
+
+def unit(row: dict[str, Any]) -> str:
+    """The unit as published (its first word; a note on an ambiguous unit may follow)."""
+    return str(row["unit"]).split()[0]
+
+
+def estimate(overrides: list[str], cache: dict) -> dict[str, Any]:
+    """One estimate per distinct job (several published rows can be the same job)."""
+    key = tuple(overrides)
+    if key not in cache:
+        from memsweep import hardware, validate
+        from memsweep.estimate.__main__ import compose
+        from memsweep.estimate.core import estimate_job
+
+        job = compose(overrides)
+        validate.ranges(job)
+        cache[key] = estimate_job(job, hardware.detect(job.hardware))
+    return cache[key]
+
+
+def check(files: list[Path]) -> pd.DataFrame:
+    rows, cache = [], {}
+    for path in files:
+        table = yaml.safe_load(path.read_text())
+        counter = table["counter"]
+        for row in table["rows"]:
+            out = {"table": path.stem, "row": row["label"], "counter": counter,
+                   "published GiB": None, "predicted GiB": None, "error %": None, "note": ""}
+            published = published_bytes(row)
+            out["published GiB"] = None if published is None else published / GIB
+            try:
+                if published is None:
+                    raise NotModelled("out of memory in the source: no figure")
+                if counter not in COUNTER_FIELD:
+                    raise NotModelled(f"the source's counter is {counter}")
+                est = estimate(job_for(path.stem, row, table.get("common", {})), cache)
+                predicted = est.get(COUNTER_FIELD[counter])
+                if predicted is None:
+                    raise NotModelled(f"the estimate ({est['method']}) predicts no {COUNTER_FIELD[counter]}")
+                out.update({"predicted GiB": predicted / GIB, "error %": 100 * (predicted - published) / published,
+                            "note": f"{est['method']} on {est['hardware']}"})
+            except NotModelled as exc:
+                out["note"] = f"not modelled: {exc}"
+            rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def report(frame: pd.DataFrame) -> str:
+    shown = frame.copy()
+    for column, spec in (("published GiB", "{:.3f}"), ("predicted GiB", "{:.3f}"), ("error %", "{:+.1f}")):
+        shown[column] = [("–" if pd.isna(v) else spec.format(v)) for v in shown[column]]
+    modelled = frame["error %"].notna()
+    within = (frame["error %"].abs() <= TOLERANCE_PCT) & modelled
+    lines = [shown.to_markdown(index=False, disable_numparse=True), "",
+             f"{int(modelled.sum())} of {len(frame)} published rows modelled; {int(within.sum())} within "
+             f"±{TOLERANCE_PCT:.0f} % of the published figure on its own counter"]
+    if modelled.any():
+        lines.append(f"median |error| {frame.loc[modelled, 'error %'].abs().median():.1f} %, "
+                     f"largest {frame.loc[modelled, 'error %'].abs().max():.1f} %")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("files", nargs="*", type=Path, help="published tables (default: all of benchmarks/published)")
+    args = parser.parse_args(argv)
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from the shipped configs, never the hub
+    files = args.files or sorted(PUBLISHED.glob("*.yaml"))
+    frame = check(files)
+    print(report(frame))
+    off = frame["error %"].notna() & (frame["error %"].abs() > TOLERANCE_PCT)
+    return 1 if off.any() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
