@@ -8,10 +8,13 @@ object alive for as long as the storage lives (PyTorch preserves it), which is a
 sees frees: the two count the same storages. Storages made before recording (the weights) are
 recorded when the Recorder is entered with them, or else when an op first reads them.
 
-Not seen: memory a kernel allocates for itself (cuBLAS/cuDNN workspaces, the CUDA context: those are
-the profile's overhead) and Storage.resize_ (used by FSDP, which the trace does not run).
+Not seen by the dispatch mode, so added by hand: cuBLAS's workspace, which PyTorch allocates through
+the caching allocator at the first matmul and keeps (cublas_workspace_bytes). Not seen at all: the
+CUDA context (the profile's overhead), cuDNN's own workspaces and Storage.resize_ (used by FSDP,
+which the trace does not run).
 """
 import os
+import re
 import weakref
 from typing import Any
 
@@ -34,8 +37,11 @@ class Recorder(TorchDispatchMode):
         self.finalizers: list[weakref.finalize] = []
 
     def __enter__(self):
-        for t in self.seed:
-            self.see(t)
+        for n, t in enumerate(self.seed):
+            if isinstance(t, int):  # a block no tensor stands for (a library workspace), alive throughout
+                self.events.append(("alloc", f"block{n}", t))
+            else:
+                self.see(t)
         self.seed = []
         return super().__enter__()
 
@@ -66,11 +72,20 @@ class Recorder(TorchDispatchMode):
         return out
 
 
+def cublas_workspace_bytes() -> int:
+    """cuBLAS's workspace for the training stream: CUBLAS_WORKSPACE_CONFIG's ":KiB:count" pairs, by
+    default ":4096:2:16:8" (PyTorch's CublasHandlePool.cpp), 8,519,680 bytes: the block a memory
+    snapshot shows after the first matmul. Hopper GPUs get a larger default, not modelled here."""
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+    pairs = re.findall(r":(\d+):(\d+)", config)
+    return sum(int(kib) * 1024 * int(count) for kib, count in pairs)
+
+
 def alive_at_step(model, optimizer) -> list:
     """What a measured step starts with on a GPU, in the order it was allocated: the weights and
     buffers as model.to("cuda") makes them (Module._apply: children first, then a module's own
-    parameters, then its buffers), gradients if any are kept, then the optimizer's state (made by the
-    first step)."""
+    parameters, then its buffers), cuBLAS's workspace (the first forward's first matmul), gradients if
+    any are kept, then the optimizer's state (made by the first step). Ints are blocks without a tensor."""
     def load_order(module):
         for child in module.children():
             yield from load_order(child)
@@ -80,7 +95,7 @@ def alive_at_step(model, optimizer) -> list:
     params = list(load_order(model))
     grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return params + grads + state
+    return params + [cublas_workspace_bytes()] + grads + state
 
 
 def alloc_conf() -> str | None:
