@@ -144,9 +144,12 @@ def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJ
     if common:
         lines += [f"Common to every job: `{' '.join(common)}`", ""]
     lines += [f"Baseline: job {baseline.num} (`{' '.join(baseline.overrides) or 'default'}`). "
-              "Peak memory and its breakdown (GiB) are the measured ledger at the peak step; "
-              "other = buffers + temporaries. Predicted = the estimator's peak, made before the job ran "
-              "(error vs the measured peak). Δ memory and speed-up (train time) are against the baseline.", ""]
+              "Peak memory and its breakdown (GiB) are the measured ledger at the peak step: tensor bytes, "
+              "the counter torch.cuda.max_memory_allocated is on a GPU; other = buffers + temporaries. "
+              "Predicted = the estimator's peak on the same counter, made before the job ran (error vs the "
+              "measured peak). On a GPU summary.csv also holds the reserved and nvidia-smi used figures, "
+              "measured (memory.*) and predicted (estimate.*). Δ memory and speed-up (train time) are "
+              "against the baseline.", ""]
     lines += [shown.to_markdown(index=False, disable_numparse=True), ""]
     not_ok = [j for j in jobs if not j.ok]
     if not_ok:
