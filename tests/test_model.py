@@ -17,13 +17,13 @@ def test_embedded_minilm_is_the_pretrained_22m_model():
 
 
 def test_tiny_is_built_from_the_config_keys():
-    cfg = ModelConf(source=ModelSource.tiny, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    cfg = ModelConf(source=ModelSource.tiny, architecture="bert", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
     m = model.load_model(cfg, num_labels=3, load_kwargs={})
     assert m.config.num_hidden_layers == 2 and m.classifier.out_features == 3
 
 
 def test_hub_code_loads_a_local_model_folder(tmp_path):
-    tiny = model.load_model(ModelConf(source=ModelSource.tiny, hidden_size=32, num_layers=1, num_heads=2,
+    tiny = model.load_model(ModelConf(source=ModelSource.tiny, architecture="bert", hidden_size=32, num_layers=1, num_heads=2,
                                       intermediate_size=64), num_labels=2, load_kwargs={})
     tiny.save_pretrained(tmp_path / "m")
     model.load_tokenizer(ModelConf()).save_pretrained(tmp_path / "m")

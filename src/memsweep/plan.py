@@ -1,24 +1,16 @@
 """The job plan: what the technique modules write into, and the only thing the trainer reads.
 
 `build_plan` is the one place a job's config becomes a plan: it copies in what the techniques need
-from outside their own groups (device, batch size, processes, learning rate, where the model's parts
-are), then each technique writes its own part. A technique never looks at another group's config;
-where two interact, `rules.py` says so. Building a plan has no side effects.
+from outside their own groups (device, batch size, processes, learning rate, the task, where the
+model's parts are: structure.py), then each technique writes its own part. A technique never looks
+at another group's config; where two interact, `rules.py` says so. Building a plan has no side effects.
 """
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
-
-@dataclass(frozen=True)
-class Structure:
-    """Where a model's parts are, by module path: what freezing, LoRA, FSDP and quantization act on."""
-    embeddings: str
-    layers: str
-    head: tuple[str, ...]
-    attention: tuple[str, ...]  # LoRA's default targets
-    quantize_skip: tuple[str, ...]  # kept in full precision when the base is quantized
+from .structure import Structure
 
 
 @dataclass
@@ -28,6 +20,7 @@ class Plan:
     batch_size: int = 1  # effective: micro-batch x accumulation steps x processes
     nproc: int = 1
     lr: float = 1e-4
+    task: str = "classification"  # schema.TaskName: LoRA's task type
     structure: Optional[Structure] = None
     # Keyword arguments of `from_pretrained` (dtype, attn_implementation, quantization_config, device_map).
     load_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -55,12 +48,10 @@ class Plan:
 
 def build_plan(job, profile) -> Plan:
     """The plan of a composed job (schema.Config) on a resolved hardware profile."""
+    from .structure import for_job
     from .techniques import apply_all
 
-    m = job.model
     plan = Plan(device=profile.device, batch_size=job.batch_size, nproc=job.distributed.nproc, lr=job.lr,
-                structure=Structure(embeddings=m.embeddings_module, layers=m.layers_module,
-                                    head=tuple(m.head_modules), attention=tuple(m.attention_modules),
-                                    quantize_skip=tuple(m.quantize_skip_modules)))
+                task=job.task.name.value, structure=for_job(job))
     apply_all(job, plan)
     return plan

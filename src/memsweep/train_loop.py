@@ -4,16 +4,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from sklearn.metrics import accuracy_score, f1_score
-from transformers import DataCollatorWithPadding, PrinterCallback, ProgressCallback, TrainingArguments
+from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
 from . import host_memory, memcap
 from . import model as model_mod
-from . import procenv, progress, shapes
+from . import procenv, progress, shapes, task
 from .errors import Diverged
 from .measure import LedgerCallback, effective, param_bytes
 from .plan import Plan, build_plan
@@ -85,8 +83,9 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
         procenv.enter_group_of_one()  # left again by release(), also when building fails
 
     tokenizer = model_mod.load_tokenizer(job.model)
-    data = data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len)
-    model = plan.transform(model_mod.load_model(job.model, len(data.label_names), plan.load_kwargs))
+    data = data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len, labelled=task.labelled(job.task))
+    model = plan.transform(model_mod.load_model(job.model, max(2, len(data.label_names)), plan.load_kwargs,
+                                                task.auto_class(job.task), tokenizer.pad_token_id))
 
     steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
                             plan.nproc, job.epochs, job.max_steps)
@@ -100,7 +99,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
         args=training_arguments(job, plan, job_dir / "trainer"),
         train_dataset=data.train,
         processing_class=tokenizer,
-        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=job.data.pad_to_multiple_of),
+        data_collator=task.collator(job.task, tokenizer, job.data.pad_to_multiple_of),
         callbacks=[ledger, divergence, WandbLogCallback(run), step_timer, display],
         plan=plan,
         pad_to=job.max_seq_len,
@@ -121,13 +120,13 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
         model = built.trainer.model
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM
-            _train_and_evaluate(built, profile, res, run)
+            _train_and_evaluate(built, job, profile, res, run)
         res.time.update(built.step_timer.summary(setup_started))
     finally:
         release(built)
 
 
-def _train_and_evaluate(built: Built, profile: HardwareConf, res: Result, run) -> None:
+def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: Result, run) -> None:
     trainer, data = built.trainer, built.data
     res.data = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
     out = trainer.train()
@@ -140,15 +139,7 @@ def _train_and_evaluate(built: Built, profile: HardwareConf, res: Result, run) -
     res.data["train_tokens_seen"] = tokens  # non-padding: which examples were trained on, in total
 
     started = time.perf_counter()
-    prediction = trainer.predict(data.eval)
-    predicted = np.argmax(prediction.predictions, axis=-1)
-    labels = prediction.label_ids
-    res.metrics.update(
-        f1=float(f1_score(labels, predicted, average="macro")),
-        accuracy=float(accuracy_score(labels, predicted)),
-        train_loss=float(out.training_loss),
-        eval_loss=float(prediction.metrics.get("test_loss", float("nan"))),
-    )
+    res.metrics.update(train_loss=float(out.training_loss), **task.evaluate(job.task, trainer, data.eval))
     res.time.update(train_s=round(train_s, 3), eval_s=round(time.perf_counter() - started, 3),
                        samples_per_s=out.metrics["train_samples_per_second"],
                        tokens_per_s=round(tokens / train_s, 1) if train_s else None,
@@ -167,7 +158,8 @@ def _train_and_evaluate(built: Built, profile: HardwareConf, res: Result, run) -
         mem.params_bytes = param_bytes(trainer.model)
     res.effective.update(effective(trainer.model, trainer, ledger))  # beside what the job recorded (autofit)
     if run is not None:
-        run.log({"eval/f1": res.metrics.f1, "eval/accuracy": res.metrics.accuracy})
+        run.log({f"eval/{k}": getattr(res.metrics, k) for k in ("f1", "accuracy", "eval_loss", "perplexity")
+                 if getattr(res.metrics, k) is not None})
 
 
 def release(built: Built | None) -> None:

@@ -57,7 +57,7 @@ def pad_batch(batch: dict, length: int, pad_token_id: int) -> dict:
     out = dict(batch)
     for key, value in batch.items():
         if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] < length:
-            fill = pad_token_id if key == "input_ids" else 0
+            fill = pad_token_id if key == "input_ids" else -100 if key == "labels" else 0  # -100: no loss
             out[key] = F.pad(value, (0, length - value.shape[1]), value=fill)
     return out
 

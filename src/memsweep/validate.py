@@ -59,6 +59,7 @@ POSITIVE_INT: Check = (lambda v: v > 0, "an integer > 0")
 NON_NEGATIVE: Check = (lambda v: v >= 0, "a number >= 0")
 FRACTION: Check = (lambda v: 0 <= v < 1, "a number from 0 to below 1")
 OPTIONAL_POSITIVE: Check = (lambda v: v is None or v > 0, "null or a number > 0")
+OPTIONAL_POSITIVE_INT: Check = (lambda v: v is None or v > 0, "null (the architecture's own) or an integer > 0")
 RANGES: dict[str, Check] = {
     "seed": (lambda v: 0 <= v < 2**32, "an integer from 0 to 2^32-1"),
     "batch_size": POSITIVE_INT,
@@ -70,12 +71,13 @@ RANGES: dict[str, Check] = {
     "threads": (lambda v: v is None or v > 0, "null (torch's default) or an integer > 0"),
     "autofit_headroom": FRACTION,
     "model.dropout": (lambda v: v is None or 0 <= v < 1, "null (the model's own) or a number from 0 to below 1"),
-    "model.vocab_size": POSITIVE_INT,
-    "model.hidden_size": POSITIVE_INT,
-    "model.num_layers": POSITIVE_INT,
-    "model.num_heads": POSITIVE_INT,
-    "model.intermediate_size": POSITIVE_INT,
-    "model.max_position_embeddings": POSITIVE_INT,
+    "model.vocab_size": OPTIONAL_POSITIVE_INT,
+    "model.hidden_size": OPTIONAL_POSITIVE_INT,
+    "model.num_layers": OPTIONAL_POSITIVE_INT,
+    "model.num_heads": OPTIONAL_POSITIVE_INT,
+    "model.num_kv_heads": OPTIONAL_POSITIVE_INT,
+    "model.intermediate_size": OPTIONAL_POSITIVE_INT,
+    "model.max_position_embeddings": OPTIONAL_POSITIVE_INT,
     "data.train_size": (lambda v: v is None or v > 0, "null (all rows left after the eval split) or an integer > 0"),
     "data.eval_size": POSITIVE_INT,
     "optim.lr": POSITIVE,
@@ -121,15 +123,23 @@ def ranges(job: Config) -> None:
                                         f"= {per_step} (micro-batch = batch_size / both)")
     shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     m = job.model
-    if m.source == ModelSource.tiny and m.hidden_size % m.num_heads:
+    if m.hidden_size and m.num_heads and m.hidden_size % m.num_heads:
         raise ConfigError("model.num_heads", f"{m.num_heads} does not divide model.hidden_size={m.hidden_size}; "
                                              "allowed: a divisor of the hidden size")
+    if m.num_heads and m.num_kv_heads and m.num_heads % m.num_kv_heads:
+        raise ConfigError("model.num_kv_heads", f"{m.num_kv_heads} does not divide model.num_heads={m.num_heads}; "
+                                                "allowed: a divisor of the number of attention heads")
+    targets = job.lora.target_modules
+    if not (targets is None or targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets
+                                                            and all(isinstance(t, str) for t in targets))):
+        raise ConfigError("lora.target_modules", f"{targets!r} is not allowed; allowed: null (the attention's q/k/v "
+                                                 "projections), all-linear, or a list of module names")
 
 
 def inputs(job: Config) -> None:
     """What a training job will load, checked before it loads anything for training: the model's limits
     (from its config.json or architecture keys) against max_seq_len and the tokenizer, and the data."""
-    from . import data, model
+    from . import data, model, task
 
     config, source = model.config_values(job.model)  # also refuses a hub name that cannot be had offline
     limit = config.get("max_position_embeddings") or config.get("n_positions")
@@ -140,8 +150,9 @@ def inputs(job: Config) -> None:
     if vocab is not None and tokens > vocab:
         raise ConfigError("model.vocab_size", f"{vocab} is smaller than the tokenizer's {tokens} tokens ({source}); "
                                               f"allowed: at least {tokens}")
-    train, evaluation, names = data.load_frames(job.data, job.seed, strict_sizes=True)
-    for split, frame in (("train", train), ("eval", evaluation)):
+    labelled = task.labelled(job.task)
+    train, evaluation, names = data.load_frames(job.data, job.seed, strict_sizes=True, labelled=labelled)
+    for split, frame in (("train", train), ("eval", evaluation)) if labelled else ():
         present = sorted(set(frame["label"]))
         if len(present) < 2:
             raise ConfigError("data.label_column", f"the {split} split holds examples of {present} only; "

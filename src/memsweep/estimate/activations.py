@@ -24,10 +24,16 @@ class Shape:
     attention_dropout: float
 
 
+class NoClosedForm(Exception):
+    """The closed form has no terms for this architecture; the message says which."""
+
+
 def shape_of(config, job: Config, micro_batch: int) -> Shape:
-    if job.model.architecture == "distilbert" or getattr(config, "model_type", "") == "distilbert":
+    if getattr(config, "model_type", "") == "distilbert":
         return Shape(micro_batch, job.max_seq_len, config.dim, config.n_heads, config.hidden_dim, config.n_layers,
                      "distilbert", config.dropout, config.attention_dropout)
+    if not hasattr(config, "hidden_dropout_prob"):  # BERT-style encoders (BERT, RoBERTa, ...) only
+        raise NoClosedForm(f"no closed form for model_type {config.model_type!r} (BERT-style encoders only)")
     return Shape(micro_batch, job.max_seq_len, config.hidden_size, config.num_attention_heads,
                  config.intermediate_size, config.num_hidden_layers, "bert", config.hidden_dropout_prob,
                  config.attention_probs_dropout_prob)

@@ -11,7 +11,8 @@ from ..plan import build_plan
 from ..schema import Config, HardwareConf
 from ..sweep import ESTIMATE_FILE
 from ..techniques import precision
-from .arch import meta_model, model_config, num_labels
+from .arch import meta_model, model_config
+from .activations import NoClosedForm
 from .closed_form import closed_form
 from .inventory import inventory
 from .table import summary_line
@@ -32,11 +33,15 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
     """Both estimators for one job on one hardware profile; the trace is the answer where it runs."""
     started = time.perf_counter()
     plan = build_plan(job, profile)
-    config, source = model_config(job.model, num_labels(job))
+    config, source = model_config(job)
     model = meta_model(job, plan, config)
-    inv = inventory(model, job)
+    inv = inventory(model, job, plan.structure)
     _, optim_kwargs, _ = optimizer_spec(plan, model)
-    closed = closed_form(inv, config, job, plan, profile, optim_kwargs)
+    closed, closed_reason = None, None
+    try:
+        closed = closed_form(inv, config, job, plan, profile, optim_kwargs)
+    except NoClosedForm as exc:
+        closed_reason = str(exc)
     traced, reason = None, None
     if trace_enabled:
         try:
@@ -48,6 +53,8 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
     else:
         reason = "trace disabled"
     chosen = traced or closed
+    if chosen is None:
+        raise NoClosedForm(f"{reason}; and {closed_reason}")
     flops, flops_source = chosen["flops_per_step"], "FlopCounterMode"
     if traced is None:
         try:
@@ -90,13 +97,14 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
         # FLOPs at the profile's peak matmul rate: a lower bound on the time of a step
         "step_time_s": flops / (tflops * 1e12) if tflops else None,
         "trace": traced,
-        "closed_form": {k: v for k, v in closed.items() if k != "activations_per_layer"},
-        "closed_form_vs_trace_pct": (None if traced is None else
+        "closed_form": None if closed is None else {k: v for k, v in closed.items() if k != "activations_per_layer"},
+        "closed_form_reason": closed_reason,
+        "closed_form_vs_trace_pct": (None if traced is None or closed is None else
                                      round(100 * (closed["peak_bytes"] - traced["peak_bytes"]) / traced["peak_bytes"], 2)),
         "total_params": sum(t.numel for t in inv.params),
         "trainable_params": trainable,
         "architecture_source": source,
-        "notes": closed["notes"] + notes_for(job, plan, profile),
+        "notes": (closed["notes"] if closed else []) + notes_for(job, plan, profile),
         "shape_advice": shapes.audit(profile, plan.micro_batch_size, config.vocab_size, job.data.pad_to_multiple_of),
         "seconds": round(time.perf_counter() - started, 2),
     }

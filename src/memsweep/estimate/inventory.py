@@ -48,22 +48,24 @@ def _layer_index(name: str, layers_module: str) -> Optional[int]:
     return None
 
 
-def inventory(model, job: Config) -> Inventory:
-    """The parameter inventory of a model built on the meta device (see estimate.meta_model)."""
+def inventory(model, job: Config, structure) -> Inventory:
+    """The parameter inventory of a model built on the meta device (see estimate.meta_model); `structure`
+    (structure.py) says where its blocks, embeddings and full-precision modules are."""
     import torch
     from transformers import Trainer
 
     decay = set(Trainer.get_decay_parameter_names(None, model))  # Trainer's own grouping; `self` unused
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     quantize = job.lora.quantize.value if job.lora.enabled else "none"
-    skip = list(job.model.quantize_skip_modules)
+    skip = list(structure.quantize_skip)
+    layers_module = structure.layers
     params, seen = [], set()
     layers = None
     for name, p in model.named_parameters():
         if id(p) in seen:
             continue
         seen.add(id(p))
-        layer = _layer_index(name, job.model.layers_module)
+        layer = _layer_index(name, layers_module)
         if layer is not None:
             layers = max(layers or 0, layer + 1)
         nbytes = p.numel() * p.element_size()
@@ -75,10 +77,10 @@ def inventory(model, job: Config) -> Inventory:
     trainable_layers = [any(t.trainable for t in params if t.layer == i) for i in range(layers)]
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                and "lora_" not in n and "modules_to_save" not in n]
-    layer0 = [m.weight for n, m in linears if _layer_index(n + ".weight", job.model.layers_module) == 0]
-    head = [m.weight for n, m in linears if _layer_index(n + ".weight", job.model.layers_module) is None]
+    layer0 = [m.weight for n, m in linears if _layer_index(n + ".weight", layers_module) == 0]
+    head = [m.weight for n, m in linears if _layer_index(n + ".weight", layers_module) is None]
     lora_modules = [n for n, m in model.named_modules() if n.endswith("lora_A") and len(list(m.children()))]
-    lora_in_layer0 = [n for n in lora_modules if _layer_index(n + ".x", job.model.layers_module) == 0]
+    lora_in_layer0 = [n for n in lora_modules if _layer_index(n + ".x", layers_module) == 0]
     return Inventory(
         params=params,
         buffers_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
@@ -87,10 +89,15 @@ def inventory(model, job: Config) -> Inventory:
         trainable_linear_weights_per_layer=sum(w.numel() for w in layer0 if w.requires_grad),
         trainable_head_linear_weights=sum(w.numel() for w in head if w.requires_grad),
         trainable_layers=trainable_layers,
-        embeddings_trainable=any(t.trainable for t in params if t.layer is None and "embeddings" in t.name),
+        embeddings_trainable=any(t.trainable for t in params if t.layer is None and _under(t.name, structure.embeddings)),
         lora_rank=job.lora.r if job.lora.enabled else 0,
         lora_modules_per_layer=len(lora_in_layer0),
     )
+
+
+def _under(name: str, modules) -> bool:
+    name = name.replace("base_model.model.", "")
+    return any(name.startswith(m + ".") for m in modules)
 
 
 def _quantized(name: str, p, skip: list[str]) -> bool:

@@ -36,7 +36,7 @@ def _row(est: dict[str, Any], with_shapes: bool) -> dict[str, str]:
            **{p: _gib(parts.get(p, 0)) for p in TABLE_PARTS},
            "capacity GiB": _gib(est["capacity_bytes"]), "fits": {True: "yes", False: "**no**", None: "?"}[est["fits"]],
            "margin GiB": _gib(est["margin_bytes"]),
-           "closed form GiB": _gib(est["closed_form"]["peak_bytes"] + est["overhead_bytes"]),
+           "closed form GiB": _gib(est["closed_form"]["peak_bytes"] + est["overhead_bytes"]) if est["closed_form"] else "-",
            "closed vs trace": "-" if diff is None else f"{diff:+.1f}%",
            "TFLOP/step": f"{est['flops_per_step'] / 1e12:.2f}",
            "ms/step at peak": "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f}"}

@@ -142,12 +142,13 @@ def build_optimizer(plan, model, profile: HardwareConf):
     return cls(groups, **kwargs)
 
 
-def fake_batch(model, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]:
-    """A collated batch of seq_len tokens, as the ledger step gets (values do not matter on fake tensors)."""
+def fake_batch(model, micro_batch: int, seq_len: int, task: str) -> dict[str, torch.Tensor]:
+    """A collated batch of seq_len tokens, as the ledger step gets (values do not matter on fake tensors):
+    a label per sequence (classification) or per token (causal_lm)."""
     ids = torch.zeros(micro_batch, seq_len, dtype=torch.long)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-             "labels": torch.zeros(micro_batch, dtype=torch.long)}
-    if getattr(model.config, "type_vocab_size", 0):  # BERT tokenizers return token types, DistilBERT's none
+    labels = torch.zeros_like(ids) if task == "causal_lm" else torch.zeros(micro_batch, dtype=torch.long)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    if task != "causal_lm" and getattr(model.config, "type_vocab_size", 0):  # BERT tokenizers return token types, DistilBERT's none
         batch["token_type_ids"] = torch.zeros_like(ids)
     return batch
 
@@ -214,11 +215,11 @@ def trace(job: Config, profile: HardwareConf, plan, model) -> dict[str, Any]:
         # optimizer state behind. Its FLOPs are counted here: FlopCounterMode must not run inside the
         # measured step (under checkpointing it keeps recomputed activations alive: a false peak).
         flops = FlopCounterMode(display=False)
-        training_step(model, optimizer, [fake_batch(model, mb, job.max_seq_len)], plan, job.optim.max_grad_norm,
+        training_step(model, optimizer, [fake_batch(model, mb, job.max_seq_len, plan.task)], plan, job.optim.max_grad_norm,
                       acc, lambda: flops)
         # The measured step. Micro-batches after the second repeat the second one exactly (all
         # gradients alive, the same activations), so two stand for any number.
-        batches = [fake_batch(model, mb, job.max_seq_len) for _ in range(min(acc, 2))]
+        batches = [fake_batch(model, mb, job.max_seq_len, plan.task) for _ in range(min(acc, 2))]
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, optimizer)
         # On a GPU profile the same step's allocations and frees also go through the model of the
@@ -245,6 +246,6 @@ def count_flops(job: Config, profile: HardwareConf, plan, model) -> int:
     plan = dataclasses.replace(plan, forward_contexts=[])
     with on_fake_tensors(model, plan, profile) as model:
         flops = FlopCounterMode(display=False)
-        batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len)
+        batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
         training_step(model, None, [batch], plan, 0, 1, lambda: flops)
     return flops.get_total_flops() * plan.accumulation_steps

@@ -3,9 +3,10 @@ Trainer's `fsdp` / `fsdp_config`, so Accelerate shards the model exactly as it d
 
 - FSDP2 only: FSDP1 (`FullyShardedDataParallel`) refuses a CPU ("needs a non-CPU accelerator device")
   and transformers deprecates it. FSDP2's strategies are one flag: `reshard_after_forward`.
-- Each encoder layer is its own FSDP unit, named explicitly: Accelerate's default wraps the model's
-  `_no_split_modules`, and for BERT (which lists BertEmbeddings) it then shards the word embeddings a
-  second time and fails (TypeError in DeviceMesh._concatenate, accelerate 1.15 / torch 2.13).
+- Each transformer block is its own FSDP unit, its class named explicitly (the blocks are found from
+  the model, structure.py): Accelerate's default wraps every class in `_no_split_modules`, and for
+  BERT (which lists BertEmbeddings) it then shards the word embeddings a second time and fails
+  (TypeError in DeviceMesh._concatenate, accelerate 1.15 / torch 2.13).
 - Accelerate drops the FSDP plugin on the CPU and wraps in DDP instead; MemsweepTrainer puts it back
   (trainer.py). Offload to the CPU needs an accelerator: refused by a rule on the CPU.
 - Without a launcher this is a process group of one (gloo on the CPU, made by procenv when the job
@@ -27,7 +28,7 @@ def fsdp_config(cfg) -> dict:
 
 
 def wrap_layers(model, config: dict, layers_module: str):
-    """Name the encoder layer class as the FSDP unit (known only once the model is built)."""
+    """Name the block class as the FSDP unit (known only once the model is built)."""
     layers = find_module(model, layers_module)
     config["transformer_layer_cls_to_wrap"] = sorted({type(layer).__name__ for layer in layers})
     return model

@@ -1,5 +1,10 @@
-"""lora: none | r8 | r16 | qlora (4-bit base + LoRA) | int8 (8-bit base + LoRA), through peft and bitsandbytes."""
+"""lora: none | r8 | r16 | qlora (4-bit base + LoRA) | int8 (8-bit base + LoRA), through peft and bitsandbytes.
+
+Targets: the attention's q/k/v projections found in the model (structure.py), a list of module names,
+or `all-linear` (peft: every linear layer of the blocks, not the head). The head is trained in full.
+"""
 from ..schema import Quantize
+from ..task import peft_task_type
 
 
 def quantization_config(quantize: Quantize, skip_modules: list[str]):
@@ -11,13 +16,15 @@ def quantization_config(quantize: Quantize, skip_modules: list[str]):
     return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip_modules)
 
 
-def wrap(model, cfg, structure):
-    from peft import LoraConfig, TaskType, get_peft_model
+def wrap(model, cfg, structure, task_type: str):
+    from peft import LoraConfig, get_peft_model
 
-    head = [m.split(".")[-1] for m in structure.head]
-    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                        target_modules=list(cfg.target_modules or structure.attention),
-                        modules_to_save=head)
+    targets = cfg.target_modules or list(structure.attention)
+    # A causal LM's head is its vocabulary projection (often tied to the input embedding): it stays
+    # frozen under LoRA, as peft's CAUSAL_LM task does; a classifier's head is new and is trained.
+    head = [m.split(".")[-1] for m in structure.head] if task_type == "SEQ_CLS" else None
+    config = LoraConfig(task_type=task_type, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                        target_modules=targets if targets == "all-linear" else list(targets), modules_to_save=head)
     return get_peft_model(model, config)
 
 
@@ -25,6 +32,7 @@ def apply(cfg, plan) -> None:
     if not cfg.enabled:
         return
     structure = plan.structure
+    task_type = peft_task_type(plan.task)
     if cfg.quantize != Quantize.none:
         plan.load_kwargs["quantization_config"] = quantization_config(cfg.quantize, list(structure.quantize_skip))
-    plan.model_transforms.append(lambda model: wrap(model, cfg, structure))
+    plan.model_transforms.append(lambda model: wrap(model, cfg, structure, task_type))

@@ -1,0 +1,111 @@
+"""Where a model's parts are, found from the model itself: what freezing, LoRA, FSDP and quantization act on.
+
+Any transformers architecture, no per-architecture table:
+- blocks: the `nn.ModuleList` of identical modules whose class the model lists in `_no_split_modules`
+  (the unit transformers keeps on one device: what FSDP wraps), else the largest such list;
+- embeddings: the input embedding (`get_input_embeddings`) with its parent when that is an embeddings
+  module (BERT's word + position + type + LayerNorm), else every embedding outside the blocks (GPT-2's
+  token and position tables);
+- head: the model's top-level children with weights other than the backbone (`base_model_prefix`):
+  classifier, score, lm_head;
+- attention (LoRA's default targets): the linear layers of the first block's attention module that
+  make queries, keys and values (its output projection excluded);
+- quantize_skip: every linear layer outside the blocks (pooler, head), kept in full precision when the
+  base is quantized: bitsandbytes quantizes the blocks.
+`model.*_module(s)` keys override any of them.
+"""
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+OUTPUT_PROJECTION = re.compile(r"(^|\.)(o_proj|out_proj|c_proj|out_lin|dense|wo|o)$|(^|\.)output(\.|$)")
+
+
+@dataclass(frozen=True)
+class Structure:
+    embeddings: tuple[str, ...]
+    layers: str  # the ModuleList of transformer blocks
+    head: tuple[str, ...]
+    attention: tuple[str, ...]  # LoRA's default targets (module names, matched as suffixes by peft)
+    quantize_skip: tuple[str, ...]
+
+
+def _is_linear(module) -> bool:
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layer
+
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def _blocks(model) -> str:
+    no_split = set(getattr(model, "_no_split_modules", None) or ())
+    lists = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m) and len({type(x) for x in m}) == 1]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no list of transformer blocks")
+    named = [(name, m) for name, m in lists if type(m[0]).__name__ in no_split]
+    return max(named or lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))[0]
+
+
+def _embeddings(model, layers: str) -> tuple[str, ...]:
+    modules = dict(model.named_modules())
+    table = model.get_input_embeddings()
+    name = next(n for n, m in modules.items() if m is table)
+    parent = name.rpartition(".")[0]
+    if parent and type(modules[parent]).__name__.endswith("Embeddings"):
+        return (parent,)
+    return tuple(n for n, m in modules.items() if isinstance(m, nn.Embedding) and not n.startswith(layers + "."))
+
+
+def _attention(block) -> tuple[str, ...]:
+    for name, module in block.named_modules():
+        if re.search(r"attn|attention", name.rpartition(".")[2], re.I):
+            inputs = [n for n, m in module.named_modules() if n and _is_linear(m) and not OUTPUT_PROJECTION.search(n)]
+            if inputs:
+                return tuple(dict.fromkeys(n.rpartition(".")[2] for n in inputs))
+    return ()
+
+
+def discover(model) -> Structure:
+    """The structure of a transformers model (not peft-wrapped)."""
+    layers = _blocks(model)
+    backbone = getattr(model, "base_model_prefix", "")
+    return Structure(
+        embeddings=_embeddings(model, layers),
+        layers=layers,
+        head=tuple(n for n, m in model.named_children() if n != backbone and any(True for _ in m.parameters())),
+        attention=_attention(model.get_submodule(layers)[0]),
+        quantize_skip=tuple(n for n, m in model.named_modules() if _is_linear(m) and not n.startswith(layers + ".")),
+    )
+
+
+def with_overrides(found: Structure, o) -> Structure:
+    """`found` with the paths a schema.ModelConf sets (null keeps what was found)."""
+    return Structure(
+        embeddings=(o.embeddings_module,) if o.embeddings_module else found.embeddings,
+        layers=o.layers_module or found.layers,
+        head=tuple(o.head_modules) if o.head_modules is not None else found.head,
+        attention=tuple(o.attention_modules) if o.attention_modules is not None else found.attention,
+        quantize_skip=tuple(o.quantize_skip_modules) if o.quantize_skip_modules is not None else found.quantize_skip,
+    )
+
+
+_FOUND: dict[str, Structure] = {}
+
+
+def for_job(job) -> Structure:
+    """The structure of a job's model, read off the model built on the meta device (no weights, no memory)."""
+    import transformers.initialization as hf_init
+
+    from .model import hf_config
+    from .task import auto_class
+
+    config, _ = hf_config(job.model)
+    cls = auto_class(job.task)
+    key = cls.__name__ + config.to_json_string()
+    if key not in _FOUND:
+        with torch.device("meta"), hf_init.no_init_weights():
+            _FOUND[key] = discover(cls.from_config(config))
+    return with_overrides(_FOUND[key], job.model)
+

@@ -1,0 +1,68 @@
+"""The shipped hub architectures (src/memsweep/archs/*.json, config.json contents without weights) build
+offline on the meta device and give exactly the parameter counts their publishers report."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+ARCHS = Path(__file__).resolve().parents[1] / "src" / "memsweep" / "archs"
+
+# file stem -> (hub id, published parameter count, whether the head is tied to the token embedding)
+PUBLISHED = {
+    "qwen2.5-0.5b": ("Qwen/Qwen2.5-0.5B", 494_032_768, True),
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B", 1_235_814_400, True),
+    "llama-3.2-3b": ("meta-llama/Llama-3.2-3B", 3_212_749_824, True),
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B", 8_030_261_248, False),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", 7_615_616_512, False),
+    "mistral-7b": ("mistralai/Mistral-7B-v0.3", 7_248_023_552, False),
+    "llama-2-7b": ("meta-llama/Llama-2-7b-hf", 6_738_415_616, False),
+}
+
+
+def build_on_meta(config):
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def count_parameters(model) -> int:
+    """Each tensor once: a tied head shares its storage with the token embedding."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def test_every_shipped_file_has_a_published_count():
+    assert sorted(p.stem for p in ARCHS.glob("*.json")) == sorted(PUBLISHED)
+
+
+def test_readme_names_every_file_and_hub_id():
+    readme = (ARCHS / "README.md").read_text()
+    for stem, (hub_id, _, _) in PUBLISHED.items():
+        assert f"{stem}.json" in readme and hub_id in readme, stem
+
+
+@pytest.mark.parametrize("stem", sorted(PUBLISHED))
+def test_builds_on_meta_with_published_parameter_count(stem):
+    hub_id, published, tied = PUBLISHED[stem]
+    fields = json.loads((ARCHS / f"{stem}.json").read_text())
+    config = AutoConfig.for_model(**fields)
+    assert type(config).model_type == fields["model_type"]
+    model = build_on_meta(config)
+    assert type(model).__name__ == fields["architectures"][0]
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    assert count_parameters(model) == published, hub_id
+
+
+@pytest.mark.parametrize("stem", sorted(PUBLISHED))
+def test_loads_as_a_config_json_folder(stem, tmp_path):
+    """The same file read the way a downloaded checkpoint folder is: AutoConfig.from_pretrained(dir)."""
+    shutil.copy(ARCHS / f"{stem}.json", tmp_path / "config.json")
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert count_parameters(build_on_meta(config)) == PUBLISHED[stem][1]
