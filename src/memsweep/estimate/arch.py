@@ -31,4 +31,6 @@ def meta_model(job: Config, plan, config):
 
     kwargs = {k: plan.load_kwargs[k] for k in ("attn_implementation", "dtype") if k in plan.load_kwargs}
     with torch.device("meta"), hf_init.no_init_weights():
-        return plan.transform(auto_class(job.task).from_config(config, **kwargs))
+        model = auto_class(job.task).from_config(config, **kwargs)
+        model.tie_weights()  # skipped with the init under no_init_weights: a tied head is one tensor
+        return plan.transform(model)
