@@ -110,12 +110,15 @@ def hf_config(cfg: ModelConf, num_labels: int = 2, download: bool = False):
     from transformers import AutoConfig
 
     if download and cfg.source == ModelSource.hub and weights_config(cfg)[0] is None:
-        path, source = weights_source(cfg), f"config.json of {cfg.path} (hub)"
+        path, source = Path(weights_source(cfg)), f"config.json of {cfg.path} (hub)"
     else:
         path, source = config_file(cfg)
     # Overrides go through the constructor: keys derived from others (Qwen2's per-layer `layer_types`) follow.
     changed = overrides(cfg)
-    if path is not None:
+    if path is not None and path.is_file():
+        values = {**json.loads(path.read_text()), **changed}
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+    elif path is not None:  # a hub id: its config.json downloaded
         config = AutoConfig.from_pretrained(str(path), **changed)
     else:
         from transformers import CONFIG_MAPPING

@@ -63,8 +63,9 @@ def plot_tradeoff(jobs: list[SweepJob], baseline: SweepJob, varying: list[str], 
         is_base = job is baseline
         ax.scatter([x], [y], s=70, marker="*" if is_base else "o", color="#c44e52" if is_base else "#4c72b0",
                    zorder=3)
-        f1 = job.get("metrics.f1")
-        ax.annotate(f"F1 {f1:.3f}" if f1 is not None else "F1 –", (x, y), xytext=(6, 5),
+        f1, ppl = job.get("metrics.f1"), job.get("metrics.perplexity")
+        quality = f"F1 {f1:.3f}" if f1 is not None else f"ppl {ppl:.1f}" if ppl is not None else "F1 –"
+        ax.annotate(quality, (x, y), xytext=(6, 5),
                     textcoords="offset points", fontsize=9, fontweight="bold")
         ax.annotate(_label(job, varying), (x, y), xytext=(6, -9), textcoords="offset points", fontsize=7,
                     color="#555555")
@@ -74,7 +75,7 @@ def plot_tradeoff(jobs: list[SweepJob], baseline: SweepJob, varying: list[str], 
                 color="#b22222", va="bottom")
     ax.set_xlabel("train time (s)")
     ax.set_ylabel("peak memory (GiB)")
-    ax.set_title("Memory against time (★ baseline); labels: macro-F1")
+    ax.set_title("Memory against time (★ baseline); labels: macro-F1 or perplexity")
     # from zero, so distances read as proportions; headroom for the labels
     ax.set_xlim(0, max([j.get("time.train_s") for j in ok], default=1) * 1.4)
     ax.set_ylim(0, max([j.get("memory.peak_bytes") / GIB for j in ok], default=1) * 1.2)

@@ -96,7 +96,8 @@ def human_table(jobs: list[SweepJob], baseline: SweepJob, varying: list[str]) ->
         row["delta_memory_pct"] = 100 * (peak - base_peak) / base_peak if peak and base_peak else None
         row["speedup"] = base_train / train_s if train_s and base_train else None
         row.update(train_s=train_s, samples_per_s=job.get("time.samples_per_s") if job.ok else None,
-                   f1=job.get("metrics.f1") if job.ok else None, reason=job.reason)
+                   f1=job.get("metrics.f1") if job.ok else None,
+                   perplexity=job.get("metrics.perplexity") if job.ok else None, reason=job.reason)
         advice = job.get("shape_advice") if job.res else None
         row["tensor_core_shapes"] = shapes.cell(advice) if advice else None
         emulated = job.get("effective.emulated_precision") if job.res else None
@@ -133,7 +134,11 @@ def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJ
     shown["speed-up"] = [_fmt(v, ".2f", "×") for v in t["speedup"]]
     shown["train s"] = [_fmt(v, ".1f") for v in t["train_s"]]
     shown["samples/s"] = [_fmt(v, ".1f") for v in t["samples_per_s"]]
-    shown["F1"] = [_fmt(v, ".3f") for v in t["f1"]]
+    # quality: macro-F1 for classification, perplexity for causal_lm (a sweep may hold both)
+    if t["f1"].notna().any() or t["perplexity"].isna().all():
+        shown["F1"] = [_fmt(v, ".3f") for v in t["f1"]]
+    if t["perplexity"].notna().any():
+        shown["perplexity"] = [_fmt(v, ".2f") for v in t["perplexity"]]
     advices = [j.get("shape_advice") if j.res else None for j in jobs]
     if any(advices):  # a GPU profile with a tensor-core rule
         shown["not a tensor-core multiple"] = [v or "–" for v in t["tensor_core_shapes"]]
