@@ -19,6 +19,7 @@ CASES = {
     "fsdp-offload-on-cpu": ["fsdp=full_shard_offload"],
     "8bit-optim-with-fsdp": ["optim=adamw_8bit", "fsdp=full_shard"],
     "adafactor-with-fsdp": ["optim=adafactor", "fsdp=shard_grad_op"],
+    "int8-with-fsdp": ["lora=int8", "fsdp=full_shard"],
 }
 NEEDS_A_MISSING_PIECE = {"bitsandbytes-missing", "offload-needs-cpu-adam-op"}
 

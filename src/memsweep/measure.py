@@ -232,7 +232,9 @@ def fsdp_audit(model) -> Optional[dict[str, Any]]:
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not units:
         return None
-    groups = [g for unit in units for g in unit._get_fsdp_state()._fsdp_param_groups]
+    # Modules sharded together (Accelerate's decoder tail: final norm + lm_head) are each an FSDPModule
+    # of one shared state: each group counted once.
+    groups = list({id(g): g for unit in units for g in unit._get_fsdp_state()._fsdp_param_groups}.values())
     managed = [fp for g in groups for fp in g.fsdp_params]
     param_dtypes = {str(g.mp_policy.param_dtype).replace("torch.", "") for g in groups if g.mp_policy.param_dtype}
     return {

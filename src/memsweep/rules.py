@@ -86,6 +86,10 @@ RULES: list[Rule] = [
          lambda c, hw: _optim(c).bitsandbytes and c.fsdp.strategy is not None,
          "FSDP2 shards parameters as DTensors and bitsandbytes' optimizer kernels have no DTensor sharding rule "
          "(\"bitsandbytes.optimizer_update_32bit does not have a sharding strategy registered\"): use optim=adamw"),
+    Rule("int8-with-fsdp", lambda c, hw: c.lora.quantize.value == "int8" and c.fsdp.strategy is not None,
+         "FSDP2 shards every parameter as a DTensor, which drops the quantization state of bitsandbytes' LLM.int8 "
+         "weights (the first forward fails: \"'Parameter' object has no attribute 'CB'\"); Accelerate exempts only "
+         "4-bit weights from sharding: use lora=qlora or lora=r8 with FSDP"),
     Rule("adafactor-with-fsdp", lambda c, hw: _optim(c).rule == "adafactor" and c.fsdp.strategy is not None,
          "transformers' Adafactor keeps plain-tensor state next to FSDP2's DTensor parameters "
          "(\"got mixed torch.Tensor and DTensor\"): use optim=adamw or sgd with FSDP"),

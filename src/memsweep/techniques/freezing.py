@@ -1,7 +1,13 @@
 """freezing: none | embeddings | encoder (all but the head) | bottom_half (embeddings + lower half of the blocks).
 
-The parts are the model's own (structure.py): for a causal LM whose head is tied to the input
-embedding, `encoder` keeps that shared matrix trainable (it is the head).
+The parts are the model's own (structure.py). A causal LM whose head is tied to the input embedding
+(GPT-2, Qwen2, Llama 3.2) has one matrix that is both, and each option follows the part it names:
+- `embeddings` and `bottom_half` freeze it, so the head is frozen too. Its gradient and optimizer state
+  are the memory these options exist to save (136M of Qwen2.5-0.5B's 494M parameters); keeping it
+  trainable would make them save next to nothing on a tied model. The blocks still learn, as under
+  LoRA, which keeps a causal LM's head frozen as well.
+- `encoder` (all but the head) keeps it trainable: it is the head.
+`effective.trainable_params` shows which way a job went.
 """
 from ..model import find_module
 from ..schema import FreezeName

@@ -57,4 +57,10 @@ def apply(cfg, plan) -> None:
             plan.grad_scaler = True
     elif name == PrecisionName.bf16_true:
         plan.load_kwargs["dtype"] = torch.bfloat16
-        plan.model_transforms.append(lambda model: model.to(torch.bfloat16))
+        plan.model_transforms.append(to_bf16)
+
+
+def to_bf16(model):
+    """Every floating weight in bf16, also those `from_pretrained` keeps in fp32. A bitsandbytes-quantized
+    model refuses `.to(dtype)`; `from_pretrained` already stored its unquantized weights in bf16."""
+    return model if getattr(model, "is_quantized", False) else model.to(torch.bfloat16)
