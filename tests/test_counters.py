@@ -1,5 +1,6 @@
-"""Process-wide counters: NVML's "used" on the job's own GPU (found by PCI address), nothing invented
-without CUDA. NVML and the CUDA queries are stood in for: the logic runs on the CPU."""
+"""Process-wide counters: NVML's "used" by this process on the job's own GPU (found by PCI address),
+nothing invented without CUDA. NVML and the CUDA queries are stood in for: the logic runs on the CPU."""
+import os
 import sys
 from types import ModuleType, SimpleNamespace
 
@@ -8,13 +9,20 @@ import torch
 from memsweep import counters
 
 
-def fake_nvml(monkeypatch, used: int) -> list:
+def fake_nvml(monkeypatch, used: int, processes=None) -> list:
+    """`used`: this process's figure in NVML's process list (or, with processes=[], the v2 device figure;
+    the v1 device figure, which counts the driver's reservation, is 1 GiB more and must not be read)."""
     asked = []
     nvml = ModuleType("pynvml")
+    nvml.nvmlMemory_v2 = 0x02000028
     nvml.nvmlInit = lambda: asked.append("init")
     nvml.nvmlShutdown = lambda: asked.append("shutdown")
     nvml.nvmlDeviceGetHandleByPciBusId = lambda bus: asked.append(bus) or bus
-    nvml.nvmlDeviceGetMemoryInfo = lambda handle: SimpleNamespace(used=used, total=16 * 2**30)
+    listed = [SimpleNamespace(pid=os.getpid() + 1, usedGpuMemory=7 * 2**30),
+              SimpleNamespace(pid=os.getpid(), usedGpuMemory=used)] if processes is None else processes
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: listed
+    nvml.nvmlDeviceGetMemoryInfo = lambda handle, version=None: SimpleNamespace(
+        used=used if version == nvml.nvmlMemory_v2 else used + 2**30, total=16 * 2**30)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     return asked
 
@@ -27,6 +35,15 @@ def test_used_is_read_from_the_jobs_own_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
     assert counters.device_used() == 5 * 2**30
     assert asked == ["init", "00000000:3B:00.0", "shutdown"]  # NVML is shut down again
+
+
+def test_outside_nvmls_process_list_the_device_figure_without_the_drivers_reservation(monkeypatch):
+    fake_nvml(monkeypatch, used=3 * 2**30, processes=[])  # a container: NVML lists host PIDs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0))
+    assert counters.device_used() == 3 * 2**30
 
 
 def test_no_cuda_no_figure(monkeypatch):

@@ -34,7 +34,7 @@ def test_auto_on_a_known_gpu_is_its_profile(monkeypatch):
     t4 = hardware.load_profile("t4")
     assert profile.name == "auto:t4" and profile.device == "cuda"
     assert (profile.memory_gib, profile.bf16, profile.tflops, profile.cuda_context_gib) == \
-        (t4.memory_gib, t4.bf16, t4.tflops, t4.cuda_context_gib) == (15.0, False, t4.tflops, 0.4)
+        (t4.memory_gib, t4.bf16, t4.tflops, t4.cuda_context_gib) == (15.0, False, t4.tflops, 0.14)
 
 
 def test_auto_on_an_unknown_gpu_takes_its_properties(monkeypatch):
