@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DS_BUILD := DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_BUILD_SHM_COMM=1
 SWEEP ?=
 
-.PHONY: install train test sweep report bench gpu-check validate-estimates estimate-t4 sweep-t4 wandb-sync clean
+.PHONY: install train test sweep report bench gpu-check validate-estimates estimate-t4 estimate-llm sweep-t4 wandb-sync clean
 
 install: $(STAMP)
 
@@ -57,6 +57,24 @@ sweep-t4: $(STAMP)
 estimate-t4: $(STAMP)
 	$(PY) -m memsweep.estimate $(T4_GRID) $(if $(SWEEP),--out $(SWEEP)) $(ARGS)
 
+# Which technique combinations let Llama-3.1-8B fine-tune on a T4, a 24 GB RTX 4090 and an A100-40GB:
+# one row per combination, per GPU fits / margin / predicted device-used GiB / ms per step (a lower
+# bound), and the method (trace or closed form); offline, about 4 min (the trace of an 8B step takes
+# ~20 s). Micro-batch 1 x 1024 tokens: Alpaca-style instruction samples fit in 1024 Llama-3 tokens
+# (Lit-GPT's longest Alpaca example is 1,304 Llama-2 tokens); the trace's cost does not depend on the
+# length. Each combination is traced once and evaluated per GPU (the trace reads only the profile's
+# device). The grids are a union (--grid): full fine-tuning in bf16 (fp32 master weights) and in
+# bf16_true per optimizer, LoRA / QLoRA / 8-bit LoRA with and without checkpointing, and the fp16
+# rows a T4 can run (it has no bf16). estimate.md keeps one row per job.
+LLM_GPUS ?= t4,rtx4090,a100_40gb
+LLM_JOB ?= task=causal_lm model=llama-3.1-8b batch_size=1 max_seq_len=1024
+LLM_GRID ?= --grid precision=bf16 optim=adamw,adamw_8bit,adafactor checkpointing=full lora=none \
+	--grid precision=bf16_true optim=adamw,adamw_8bit,adafactor checkpointing=none,full lora=none \
+	--grid precision=bf16_true optim=adamw lora=r8,qlora,int8 checkpointing=none,full \
+	--grid precision=fp16 optim=adamw lora=qlora,int8 checkpointing=full
+estimate-llm: $(STAMP)
+	$(PY) -m memsweep.estimate $(LLM_JOB) hardware=$(LLM_GPUS) $(ARGS) $(LLM_GRID) --by hardware $(if $(SWEEP),--out $(SWEEP))
+
 # What memsweep costs, side by side in one run: per-step overhead against a hand-written loop and stock
 # Trainer (fp32, bf16), a 6-job sweep against 6 processes, training FLOP/s against the matmul ceiling,
 # --help/--cfg job response. Appends to benchmarks/RESULTS.md. About 18 min on the quiet 2-core
@@ -74,8 +92,8 @@ gpu-check: $(STAMP)
 
 # The estimator against published GPU memory measurements (benchmarks/published/, one YAML per source
 # with its set-up and counter): predicted vs published per row on the counter the source reports, the
-# error, and the rows memsweep cannot express with the reason. Offline, about a minute; exit 1 when a
-# modelled row is off by more than 10 %.
+# error, and the rows memsweep cannot express with the reason. Offline, about 4-6 min (the 7B decoder
+# rows are traced, ~20 s each); exit 1 when a modelled row is off by more than 10 %.
 validate-estimates: $(STAMP)
 	$(PY) benchmarks/validate_estimates.py
 

@@ -17,6 +17,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from decoder_rows import TABLES as DECODER_TABLES  # noqa: E402
+from decoder_rows import NotModelled  # noqa: E402
 PUBLISHED = ROOT / "benchmarks" / "published"
 TOLERANCE_PCT = 10.0
 GIB = 2**30
@@ -25,10 +28,6 @@ GIB = 2**30
 COUNTER_FIELD = {"max_memory_allocated": "peak_allocated_bytes", "active_bytes_peak": "peak_allocated_bytes",
                  "max_memory_reserved": "peak_reserved_bytes", "nvidia_smi_used": "device_used_bytes"}
 UNIT_BYTES = {"GB": 1e9, "GiB": 2**30, "MiB": 2**20, "MB": 1e6}
-
-
-class NotModelled(Exception):
-    """A published row memsweep cannot express as a job; the message says why."""
 
 
 # --- published rows as memsweep jobs -------------------------------------------------------------
@@ -55,10 +54,6 @@ def bert_large_rtx3090(row: dict[str, Any], common: dict[str, Any]) -> list[str]
             f"max_seq_len={row['seq_len']}", "precision=fp32", "optim=adamw_torch", "attention=eager"]
 
 
-def decoder(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
-    raise NotModelled("a decoder LLM: memsweep's models are BERT-family encoders until decoder support lands")
-
-
 def vision(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
     raise NotModelled("a vision transformer: memsweep builds text models")
 
@@ -77,11 +72,16 @@ TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], list[str]]] = {
     "torchao_low_bit_adamw_vit_h": vision,
     "torchao_cpu_offload_vit_giant": vision,
     "torchao_cpu_offload_vit_giant_ablation": vision,
+    **DECODER_TABLES,  # decoder_rows.py
 }
 
 
-def job_for(stem: str, row: dict[str, Any], common: dict[str, Any]) -> list[str]:
-    return TABLES.get(stem, decoder)(row, common)
+def job_for(stem: str, row: dict[str, Any], common: dict[str, Any]) -> tuple[list[str], str]:
+    """The row's job overrides and a caveat (empty where the job is the set-up as published)."""
+    if stem not in TABLES:
+        raise NotModelled(f"no mapping of {stem}.yaml's rows to jobs yet (validate_estimates.TABLES)")
+    made = TABLES[stem](row, common)
+    return made if isinstance(made, tuple) else (made, "")
 
 
 # --- the check ------------------------------------------------------------------------------------
@@ -105,10 +105,28 @@ def estimate(overrides: list[str], cache: dict) -> dict[str, Any]:
         from memsweep.estimate.__main__ import compose
         from memsweep.estimate.core import estimate_job
 
+        from memsweep.estimate.activations import NoClosedForm
+
         job = compose(overrides)
         validate.ranges(job)
-        cache[key] = estimate_job(job, hardware.detect(job.hardware))
+        try:
+            cache[key] = estimate_job(job, hardware.detect(job.hardware))
+        except NoClosedForm as exc:  # neither estimator can: the row says why
+            cache[key] = NotModelled(f"no estimate: {exc}")
+    if isinstance(cache[key], NotModelled):
+        raise cache[key]
     return cache[key]
+
+
+def out_of_memory(overrides: list[str], cache: dict) -> str:
+    """An out-of-memory row has no figure to compare; whether the estimate also says it does not fit."""
+    try:
+        est = estimate(overrides, cache)
+    except NotModelled as exc:
+        return f"out of memory in the source: no figure ({exc})"
+    verdict = "agrees" if est["fits"] is False else "DISAGREES"
+    return (f"out of memory in the source: no figure; predicted {est['total_bytes'] / GIB:.1f} GiB used of "
+            f"{est['capacity_bytes'] / GIB:.1f} GiB, {'fits' if est['fits'] else 'does not fit'} ({verdict})")
 
 
 def check(files: list[Path]) -> pd.DataFrame:
@@ -122,16 +140,17 @@ def check(files: list[Path]) -> pd.DataFrame:
             published = published_bytes(row)
             out["published GiB"] = None if published is None else published / GIB
             try:
-                if published is None:
-                    raise NotModelled("out of memory in the source: no figure")
                 if counter not in COUNTER_FIELD:
                     raise NotModelled(f"the source's counter is {counter}")
-                est = estimate(job_for(path.stem, row, table.get("common", {})), cache)
+                overrides, caveat = job_for(path.stem, row, table.get("common", {}))
+                if published is None:
+                    raise NotModelled(out_of_memory(overrides, cache))
+                est = estimate(overrides, cache)
                 predicted = est.get(COUNTER_FIELD[counter])
                 if predicted is None:
                     raise NotModelled(f"the estimate ({est['method']}) predicts no {COUNTER_FIELD[counter]}")
                 out.update({"predicted GiB": predicted / GIB, "error %": 100 * (predicted - published) / published,
-                            "note": f"{est['method']} on {est['hardware']}"})
+                            "note": f"{est['method']} on {est['hardware']}" + (f"; {caveat}" if caveat else "")})
             except NotModelled as exc:
                 out["note"] = f"not modelled: {exc}"
             rows.append(out)

@@ -23,15 +23,55 @@ def test_every_published_table_has_a_counter_and_rows_with_units():
 
 def test_rows_become_jobs_or_say_why_not():
     ladder = {"precision": "bf16_mixed (Fabric bf16-mixed)", "float32_matmul_precision": "highest"}
-    assert "precision=bf16" in ve.job_for("rasbt_distilbert_imdb_precision", ladder, {})
+    assert "precision=bf16" in ve.job_for("rasbt_distilbert_imdb_precision", ladder, {})[0]
     tf32 = {"precision": "fp32", "float32_matmul_precision": "high"}
-    assert "precision=tf32" in ve.job_for("rasbt_distilbert_imdb_precision", tf32, {})
+    assert "precision=tf32" in ve.job_for("rasbt_distilbert_imdb_precision", tf32, {})[0]
     with pytest.raises(ve.NotModelled, match="fp16_true"):
         ve.job_for("rasbt_distilbert_imdb_precision", {"precision": "fp16_true (Fabric 16-true)"}, {})
-    with pytest.raises(ve.NotModelled, match="decoder"):
-        ve.job_for("torchtune_llama32_3b_optimization_ladder", {}, {})
     assert ve.published_bytes({"memory": 5.37, "unit": "GB"}) == 5.37e9
     assert ve.published_bytes({"memory": None, "unit": "GB"}) is None
+
+
+def published_rows(stem):
+    import yaml
+
+    table = yaml.safe_load((PUBLISHED / f"{stem}.yaml").read_text())
+    return {row["label"]: row for row in table["rows"]}, table.get("common", {})
+
+
+def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
+    import re
+
+    rows, common = published_rows("torchtune_llama32_3b_optimization_ladder")
+    overrides, _ = ve.job_for("torchtune_llama32_3b_optimization_ladder", rows["+ Packed Dataset"], common)
+    assert {"model=llama-3.2-3b", "batch_size=2", "max_seq_len=4096", "precision=bf16_true",
+            "checkpointing=none"} <= set(overrides)
+    for label, technique in (("Baseline", "data-dependent length"), ("+ Compile", "torch.compile"),
+                             ("+ Chunked Cross Entropy", "chunked cross-entropy"),
+                             ("+ Fuse optimizer step into backward", "optimizer step inside the backward"),
+                             ("QLoRA", "torchao NF4")):
+        with pytest.raises(ve.NotModelled, match=re.escape(technique)):
+            ve.job_for("torchtune_llama32_3b_optimization_ladder", rows[label], common)
+    rows, common = published_rows("litgpt_lora_alpaca_1xa100_40gb")
+    overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / None / micro-batch 2"], common)
+    assert {"model=llama-2-7b", "hardware=a100_40gb", "accumulation.steps=64", "max_seq_len=1304", "lora=r8",
+            "lora.target_modules=[q_proj,v_proj]"} <= set(overrides) and "chunked cross-entropy" in caveat
+    with pytest.raises(ve.NotModelled, match="no shipped architecture for microsoft/phi-1_5"):
+        ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["1.3 B phi-1.5 / None / micro-batch 1"], common)
+    with pytest.raises(ve.NotModelled, match="double quantization"):
+        ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / bnb.nf4-dq / micro-batch 1"], common)
+    rows, common = published_rows("torchtune_llama2_7b_lora_rank_targets")
+    overrides, _ = ve.job_for("torchtune_llama2_7b_lora_rank_targets", rows["all layers, rank 64"], common)
+    assert {"lora.r=64", "lora.alpha=128", "checkpointing=full", "max_seq_len=512",
+            "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"} <= set(overrides)
+    rows, common = published_rows("torchtitan_llama31_8b_fsdp_8xh100")
+    with pytest.raises(ve.NotModelled, match="selective"):
+        ve.job_for("torchtitan_llama31_8b_fsdp_8xh100", rows["FSDP"], common)
+
+
+def test_every_published_table_has_a_mapping():
+    for path in sorted(PUBLISHED.glob("*.yaml")):
+        assert path.stem in ve.TABLES, path.name
 
 
 @pytest.mark.slow

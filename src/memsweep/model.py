@@ -82,9 +82,11 @@ def config_file(cfg: ModelConf) -> tuple[Optional[Path], str]:
         path = _shipped_or_path(cfg.config)
         return path, f"{path.name} shipped with memsweep" if path.parent == ARCHS_DIR else str(path)
     if cfg.architecture is None:
-        raise ConfigError("model.config", f"no architecture for model {cfg.name!r}: its config.json is not on disk; "
-                                          f"allowed: one shipped with memsweep ({', '.join(shipped_configs())}), "
-                                          "a config.json path, or model.architecture with the size keys")
+        where = (f"model.path={cfg.path!r} is not a local folder and its config.json is not in the Hugging Face "
+                 "cache" if cfg.source == ModelSource.hub and cfg.path else "its config.json is not on disk")
+        raise ConfigError("model.config", f"no architecture for model {cfg.name!r}: {where}; allowed: one shipped "
+                                          f"with memsweep ({', '.join(shipped_configs())}), a config.json path, "
+                                          "or model.architecture with the size keys")
     return None, "model config keys"
 
 

@@ -1,5 +1,6 @@
-"""`python -m memsweep.estimate [-m] <overrides>`: estimate a job or a sweep grid offline (no training,
-no weights, no GPU); estimate.json per job, estimate.md for the sweep."""
+"""`python -m memsweep.estimate [-m] <overrides> [--grid <overrides>]... [--by <key>]`: estimate a job or
+a sweep grid offline (no training, no weights, no GPU); estimate.json per job, estimate.md for the sweep,
+and with --by a table with one column group per value of that key (e.g. one per GPU)."""
 import json
 import os
 import sys
@@ -8,21 +9,43 @@ from pathlib import Path
 from typing import Optional
 
 from .. import schema, sweep, validate
-from ..errors import Unsupported
+from ..errors import ConfigError, Unsupported
 from ..schema import Config
 from .core import run_estimate
-from .table import write_sweep_table
+from .table import write_pivot_table, write_sweep_table
 
 
 def compose(overrides: list[str]) -> Config:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf
 
     schema.register_configs()
     with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
+        try:
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        except MissingConfigException as exc:  # Hydra's message spans 20 lines with its search path
+            raise unknown_option(exc) from None
     return OmegaConf.to_object(cfg)
+
+
+def unknown_option(exc) -> Exception:
+    """A group option that does not exist (`model=nosuch`) as one line: the key and its options."""
+    group, _, name = str(exc.missing_cfg_file or "").rpartition("/")
+    if not group or not exc.options:
+        return exc
+    return ConfigError(group, f"{name!r} is not an option; allowed: {', '.join(exc.options)} "
+                              f"(conf/{group}/*.yaml)")
+
+
+def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list[str]]:
+    """The jobs of the overrides, or of each grid added to them: their union in order, each job once."""
+    jobs: dict[tuple[str, ...], None] = {}
+    for grid in grids or [[]]:
+        for job in sweep.expand(overrides + grid):
+            jobs.setdefault(tuple(job), None)
+    return [list(job) for job in jobs]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -36,12 +59,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with train.py; "
                         "comma-separated values always make a grid")
     parser.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/estimate/<date>/<time>)")
+    parser.add_argument("--grid", nargs="+", action="append", metavar="OVERRIDE",
+                        help="a grid of its own added to the overrides (repeat it: the jobs are the union of the "
+                             "grids, for sets of combinations that are not one product)")
+    parser.add_argument("--by", metavar="KEY", help="also print and write estimate-by-<KEY>.md: one row per "
+                        "combination of the other keys, fits / margin / used / time per value of KEY")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from config files and keys, never the hub
     out = args.out or Path("outputs/estimate") / time.strftime("%Y-%m-%d/%H-%M-%S")
     started = time.perf_counter()
-    jobs = sweep.expand(args.overrides)
+    jobs = jobs_of(args.overrides, args.grid)
+    memo: dict = {}  # one trace per job and device: profiles of one device differ only after it
     failed = 0
     for n, overrides in enumerate(jobs):
         job_dir = out / str(n)
@@ -53,13 +82,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             job = compose(overrides)
             validate.ranges(job)
-            run_estimate(job, hardware.detect(job.hardware), job_dir)
+            run_estimate(job, hardware.detect(job.hardware), job_dir, memo)
         except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
             status = "unsupported" if isinstance(exc, Unsupported) else "failed"
             failed += status == "failed"
             (job_dir / sweep.STATUS_FILE).write_text(json.dumps({"status": status, "reason": str(exc)[:500]}))
             print(f"[memsweep] {status}: {exc}", flush=True)
     table = write_sweep_table(out)
+    if args.by:  # the long table is in estimate.md; the one asked for is printed
+        table = write_pivot_table(out, args.by)
     print("\n" + table.read_text(), flush=True)
     print(f"[memsweep] {len(jobs)} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
     return 1 if failed else 0

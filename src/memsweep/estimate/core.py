@@ -1,6 +1,7 @@
 """A job's estimate: both estimators on one hardware profile, the trace the answer where it runs, the
 closed form where it cannot (and as a cross-check everywhere else); the profile's CUDA context, the
 fit against its capacity, FLOPs and a lower bound on step time at its peak TFLOP/s."""
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -29,8 +30,34 @@ def capacity_bytes(profile: HardwareConf) -> Optional[int]:
     return None
 
 
-def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True) -> dict[str, Any]:
-    """Both estimators for one job on one hardware profile; the trace is the answer where it runs."""
+def device_key(job: Config, profile: HardwareConf) -> str:
+    """A job as its trace and FLOP count see it: the trace reads only the profile's device (its kernels,
+    the allocator model, foreach optimizers); capacity, CUDA context, rates and rules are applied after."""
+    return repr((dataclasses.replace(job, hardware=HardwareConf()), profile.device))
+
+
+def _once(memo: Optional[dict], key: tuple, compute):
+    """compute(), or its earlier result for the same key when the caller keeps a memo."""
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
+def _trace_or_reason(job: Config, profile: HardwareConf, plan, model) -> tuple[Optional[dict], Optional[str]]:
+    try:
+        return trace(job, profile, plan, model), None
+    except Untraceable as exc:
+        return None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - the closed form still answers; say why
+        return None, f"the trace failed: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True,
+                 memo: Optional[dict] = None) -> dict[str, Any]:
+    """Both estimators for one job on one hardware profile; the trace is the answer where it runs.
+    `memo` (a dict the caller keeps): the same job on several profiles of one device is traced once."""
     started = time.perf_counter()
     plan = build_plan(job, profile)
     config, source = model_config(job)
@@ -42,23 +69,18 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True)
         closed = closed_form(inv, config, job, plan, profile, optim_kwargs)
     except NoClosedForm as exc:
         closed_reason = str(exc)
-    traced, reason = None, None
+    key = device_key(job, profile) if memo is not None else None
     if trace_enabled:
-        try:
-            traced = trace(job, profile, plan, model)
-        except Untraceable as exc:
-            reason = str(exc)
-        except Exception as exc:  # noqa: BLE001 - the closed form still answers; say why
-            reason = f"the trace failed: {type(exc).__name__}: {str(exc)[:300]}"
+        traced, reason = _once(memo, ("trace", key), lambda: _trace_or_reason(job, profile, plan, model))
     else:
-        reason = "trace disabled"
+        traced, reason = None, "trace disabled"
     chosen = traced or closed
     if chosen is None:
         raise NoClosedForm(f"{reason}; and {closed_reason}")
     flops, flops_source = chosen["flops_per_step"], "FlopCounterMode"
     if traced is None:
         try:
-            flops = count_flops(job, profile, plan, meta_model(job, plan, config))
+            flops = _once(memo, ("flops", key), lambda: count_flops(job, profile, plan, meta_model(job, plan, config)))
         except Exception:  # noqa: BLE001 - fall back to the matmul count of the closed form
             flops_source = "closed_form"
 
@@ -146,11 +168,11 @@ def for_job(job: Config, profile: HardwareConf) -> dict[str, Any]:
         return {"method": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}", "peak_bytes": None}
 
 
-def run_estimate(job: Config, profile: HardwareConf, job_dir: Path) -> dict[str, Any]:
+def run_estimate(job: Config, profile: HardwareConf, job_dir: Path, memo: Optional[dict] = None) -> dict[str, Any]:
     """mode=estimate for one job: check the rules (all but no-gpu: an estimate needs no GPU), estimate,
     write estimate.json, print a summary line. Raises Unsupported as rules.check does."""
     rules.check(job, profile, skip=("no-gpu",))
-    est = estimate_job(job, profile)
+    est = estimate_job(job, profile, memo=memo)
     results.write(Path(job_dir) / ESTIMATE_FILE, est)  # atomic, as results.json
     print(summary_line(est), flush=True)
     return est

@@ -80,3 +80,53 @@ def write_sweep_table(sweep_dir: Path) -> Path:
     path = Path(sweep_dir) / SWEEP_TABLE
     path.write_text(f"# Estimates: {sweep_dir}\n\n" + sweep_table(sweep.collect(sweep_dir)))
     return path
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.{1 if seconds < 0.1 else 0}f}"
+
+
+def pivot_table(jobs: list[sweep.SweepJob], by: str) -> str:
+    """One row per combination of the keys that vary besides `by`, and for each value of `by` (e.g. each
+    GPU) its fit, margin, predicted total (device used on a GPU) and step time; why a cell has no
+    estimate is a numbered note under the table."""
+    keys = [k for k in sweep.varying(jobs)[0] if k != by]
+    columns = list(dict.fromkeys(sweep.as_dict(j.overrides).get(by, "") for j in jobs))
+    rows: dict[tuple, dict[str, str]] = {}
+    reasons: dict[str, int] = {}
+    for job in jobs:
+        values = sweep.as_dict(job.overrides)
+        row = rows.setdefault(tuple(values.get(k, "") for k in keys),
+                              {**{k: values.get(k, "") for k in keys}, "method": ""})
+        col, est = values.get(by, ""), _estimated(job)
+        if est is None:
+            why = " ".join(str((job.estimate or {}).get("error") or job.reason or job.status).split())
+            note = reasons.setdefault(f"{job.status}: {why}", len(reasons) + 1)
+            row.update({f"{col} fits": f"{job.status} [{note}]", f"{col} margin GiB": "-", f"{col} used GiB": "-",
+                        f"{col} ms/step": "-"})
+            continue
+        method = est["method"].replace("_", " ")
+        row["method"] = method if row["method"] in ("", method) else f"{row['method']}, {method}"
+        row.update({f"{col} fits": {True: "yes", False: "**no**", None: "?"}[est["fits"]],
+                    f"{col} margin GiB": "-" if est["margin_bytes"] is None else f"{est['margin_bytes'] / GIB:+.1f}",
+                    f"{col} used GiB": f"{est['total_bytes'] / GIB:.1f}",
+                    f"{col} ms/step": _ms(est["step_time_s"])})
+    for row in rows.values():
+        row["method"] = row["method"] or "-"
+    order = keys + ["method"] + [f"{c} {part}" for c in columns for part in ("fits", "margin GiB", "used GiB", "ms/step")]
+    frame = pd.DataFrame(list(rows.values())).reindex(columns=order).fillna("-")
+    common = sweep.varying(jobs)[1]
+    notes = [f"every row: {' '.join(common)}" if common else "",
+             "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved + the CUDA "
+             "context; the closed form replays no allocator, there peak allocated + the context); margin = "
+             "capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower bound",
+             *(f"[{n}] {why}" for why, n in reasons.items())]
+    return "\n".join([frame.to_markdown(index=False, disable_numparse=True), ""]
+                     + [f"- {note}" for note in notes if note]) + "\n"
+
+
+def write_pivot_table(sweep_dir: Path, by: str) -> Path:
+    """estimate-by-<by>.md of a sweep dir: its estimates with one column group per value of `by`."""
+    path = Path(sweep_dir) / f"estimate-by-{by.replace('/', '_')}.md"
+    path.write_text(f"# Estimates by {by}: {sweep_dir}\n\n" + pivot_table(sweep.collect(sweep_dir), by))
+    return path

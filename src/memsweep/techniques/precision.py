@@ -44,6 +44,9 @@ def emulated(name, profile) -> Optional[str]:
 
 def apply(cfg, plan) -> None:
     name = PrecisionName(cfg.name)
+    # Stored weights in the precision's own dtype: from_pretrained (and from_config) would otherwise take
+    # the checkpoint's saved dtype, bf16 for most hub decoders, and "fp32 master weights" would be bf16.
+    plan.load_kwargs["dtype"] = torch.bfloat16 if traits(name).param_bytes == 2 else torch.float32
     if name == PrecisionName.tf32:
         plan.args["tf32"] = True
     elif name == PrecisionName.bf16:
@@ -56,7 +59,6 @@ def apply(cfg, plan) -> None:
             plan.autocast_dtype = torch.float16
             plan.grad_scaler = True
     elif name == PrecisionName.bf16_true:
-        plan.load_kwargs["dtype"] = torch.bfloat16
         plan.model_transforms.append(to_bf16)
 
 

@@ -1,0 +1,147 @@
+"""The published decoder rows (benchmarks/published/) as memsweep jobs, or the reason a row cannot be one.
+
+A row is a job only where its source states (or its configs at the cited commit fix) everything that
+sets the memory: model, micro-batch, tokens per sequence, precision, optimizer, checkpointing, LoRA
+targets. A technique memsweep does not have (chunked cross-entropy, the optimizer step inside the
+backward, torch.compile's fusion, torchtune's activation offloading, selective activation
+checkpointing, Float8 matmuls, 4-bit optimizer states, NF4 double quantization) makes the row
+NotModelled, naming it. Each function returns (overrides, caveat): the caveat says where the job is an
+approximation of the source's set-up that the tables show to matter little.
+"""
+from typing import Any, Callable
+
+Job = tuple[list[str], str]
+
+
+class NotModelled(Exception):
+    """A published row memsweep cannot express as a job; the message says why."""
+
+
+ATTENTION = "[q_proj,v_proj]"
+ALL_LINEAR = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+
+
+def _refuse(missing: list[str]) -> None:
+    if missing:
+        raise NotModelled("; ".join(missing))
+
+
+# --- torchtune README ladder: Llama 3.2 3B, batch 2 x 4096, bf16, A100 ----------------------------
+
+def torchtune_ladder(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    missing = []
+    if not row["packed"]:
+        missing.append("unpacked Alpaca batches are padded to each batch's longest sample, a data-dependent length "
+                       "the table does not give (4096 is only the truncation)")
+    if row["compile"]:
+        missing.append("torch.compile: memsweep estimates compile=on as eager execution, without the fused kernels")
+    if "Chunked" in str(row["loss"]):
+        missing.append("chunked cross-entropy (CEWithChunkedOutputLoss upcasts the 128,256-wide logits one chunk at a "
+                       "time); memsweep's loss takes the whole logits")
+    if row["optimizer_in_backward"]:
+        missing.append("optimizer step inside the backward (optimizer_in_bwd frees each gradient as its parameter "
+                       "steps); memsweep steps after the whole backward")
+    if row["activation_offloading"]:
+        missing.append("torchtune's activation offloading (OffloadActivations, on a side stream); memsweep's "
+                       "offload=activations is torch's save_on_cpu")
+    if "8bit" in str(row["optimizer"]):
+        missing.append("8-bit AdamW of an unstated implementation (torchao or bitsandbytes)")
+    if row["finetuning"] == "qlora":
+        missing.append("torchao NF4 base weights; memsweep's qlora is bitsandbytes NF4")
+    _refuse(missing)  # what is left: a full fine-tune of packed rows without compile
+    # A100 with 60 GiB in use: the 80 GB card. No clip_grad_norm in the configs; torch.optim.AdamW
+    # with neither fused nor foreach set (foreach on CUDA).
+    return (["task=causal_lm", "model=llama-3.2-3b", "hardware=a100_80gb", "batch_size=2", "max_seq_len=4096",
+             "precision=bf16_true", "optim=adamw_torch", "optim.max_grad_norm=0",
+             f"checkpointing={'full' if row['activation_checkpointing'] else 'none'}"],
+            "packed: 4096-token sequences with one causal mask over the pack (torchtune masks per document)")
+
+
+# --- torchao low-bit optimizers: Llama-2-7B full bf16 ---------------------------------------------
+
+def torchao_llama2(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    missing = ["micro-batch, sequence length, activation checkpointing and optimizer-in-backward are not stated "
+               "(only 'full BF16' on Alpaca with torchtune)"]
+    if "4bit" in str(row["optimizer"]):
+        missing.append("4-bit AdamW states: memsweep has no 4-bit optimizer")
+    raise NotModelled("; ".join(missing))
+
+
+# --- Lit-GPT LoRA on 1 x A100-40GB ----------------------------------------------------------------
+
+SHIPPED = {"meta-llama/Llama-2-7b-hf": "llama-2-7b"}
+
+
+def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    hub_id = str(row["model"]).split()[0]
+    if hub_id not in SHIPPED:
+        raise NotModelled(f"no shipped architecture for {hub_id} (src/memsweep/archs/)")
+    quantization = str(row["quantization"]).split()[0]
+    if quantization == "bnb.nf4-dq":
+        raise NotModelled("NF4 double quantization of the quantization constants: memsweep's qlora has none")
+    mb = int(row["micro_batch"])
+    quantize = {"none": "lora=r8", "bnb.nf4": "lora=qlora"}[quantization]
+    caveat = ("lit-gpt's chunked cross-entropy (128-token chunks) is modelled as one loss on the whole logits, "
+              "at 32,000 x 1,304 x 2-4 bytes per token row a few hundred MB")
+    if quantization != "none":
+        caveat += "; PagedAdamW's 32-bit states of the 4.2M LoRA weights (34 MB, paged) as AdamW on the device"
+    return (["task=causal_lm", f"model={SHIPPED[hub_id]}", "hardware=a100_40gb", "batch_size=128",
+             f"accumulation.steps={128 // mb}", f"max_seq_len={row['seq_len']}", "precision=bf16_true",
+             "optim=adamw_torch", quantize, "lora.dropout=0.05", f"lora.target_modules={ATTENTION}"], caveat)
+
+
+# --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------
+
+# q and v, or every linear of the blocks and the output head
+TORCHTUNE_TARGETS = {"q_proj, v_proj": ATTENTION, "q_proj, k_proj, v_proj, output_proj, MLP": ALL_LINEAR[:-1] + ",lm_head]"}
+
+
+def _torchtune_llama2(rank: int, alpha: int, targets: str, quantize: bool) -> Job:
+    return (["task=causal_lm", "model=llama-2-7b", "hardware=a100_80gb", "batch_size=128", "accumulation.steps=64",
+             "max_seq_len=512", "precision=bf16_true", "optim=adamw_torch", "optim.max_grad_norm=0",
+             "checkpointing=full", "lora=qlora" if quantize else "lora=r8", f"lora.r={rank}", f"lora.alpha={alpha}",
+             "lora.dropout=0.05", f"lora.target_modules={targets}"],
+            "GPU not stated: reserved is the same on every CUDA profile; 512 tokens, the truncation a 100-step "
+            "window's longest batch reaches" + ("; torchao NF4 modelled as bitsandbytes NF4" if quantize else ""))
+
+
+def torchtune_lora_ranks(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    targets = next(t for listed, t in TORCHTUNE_TARGETS.items() if row["lora_targets"].startswith(listed))
+    return _torchtune_llama2(row["lora_rank"], row["lora_alpha"], targets, False)
+
+
+def torchtune_qlora_vs_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    if row["finetuning"] == "lora":
+        return _torchtune_llama2(8, 16, ATTENTION, False)
+    return _torchtune_llama2(8, 16, ALL_LINEAR, True)
+
+
+# --- several GPUs -----------------------------------------------------------------------------------
+
+def torchtitan(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    missing = ["selective (per-op) activation checkpointing: memsweep has checkpointing none or full",
+               f"FSDP2 over {common['num_gpus']} GPUs: FSDP is estimated only by the closed form, which predicts no "
+               "max_memory_reserved (the counter here) and does not shard by world size",
+               "H100 with 96 GB (memsweep's h100 profile is the 80 GB card)"]
+    if row["compile"]:
+        missing.append("torch.compile (estimated as eager)")
+    if row["float8"]:
+        missing.append("Float8 matmuls (torchao Float8Linear): memsweep has no float8 training")
+    raise NotModelled("; ".join(missing))
+
+
+def litgpt_fsdp(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    raise NotModelled(f"FSDP over {row['gpus']}: FSDP is estimated only by the closed form, which does not shard "
+                      "by world size (DeepSpeed ZeRO only); and lit-gpt's chunked cross-entropy")
+
+
+TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], Job]] = {
+    "torchtune_llama32_3b_optimization_ladder": torchtune_ladder,
+    "torchao_low_bit_adamw_llama2_7b": torchao_llama2,
+    "litgpt_lora_alpaca_1xa100_40gb": litgpt_lora,
+    "torchtune_llama2_7b_lora_rank_targets": torchtune_lora_ranks,
+    "torchtune_llama2_7b_qlora_vs_lora_reserved": torchtune_qlora_vs_lora,
+    "torchtitan_llama31_8b_fsdp_8xh100": torchtitan,
+    "torchtitan_llama31_8b_fsdp_128xh100": torchtitan,
+    "litgpt_lora_alpaca_multi_a100_fsdp": litgpt_fsdp,
+}
