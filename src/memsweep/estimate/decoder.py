@@ -169,7 +169,8 @@ def base_linear_terms(sh: DecoderShape, pr: Precision, ly: Layer, inputs_fp32: i
 def llama_layer(sh: DecoderShape, pr: Precision, device: str, attention: str, ly: Layer) -> dict[str, int]:
     T, h, i = sh.tokens, sh.hidden, sh.intermediate
     c = pr.matmul
-    mlp = 4 if ly.quantize == "nf4" else c  # bitsandbytes 4-bit computes in float32 (bnb_4bit_compute_dtype)
+    # a bitsandbytes layer returns its input's dtype (the residual stream's), whatever it computes in
+    mlp = pr.hidden if ly.quantize != "none" else c
 
     def rmsnorm(grad: bool) -> int:
         # computed in fp32: pow and the multiply by rsqrt keep the fp32 input (an upcast copy in
@@ -251,6 +252,6 @@ def backward_transient(sh: DecoderShape, pr: Precision, ly: Layer, dequantized: 
     (freed once its weight's gradient is made, which is then alive); a quantized weight dequantized for the
     input's gradient."""
     T, h, i = sh.tokens, sh.hidden, sh.intermediate
-    mlp = 4 if ly.quantize == "nf4" else pr.matmul
+    mlp = pr.hidden if ly.quantize != "none" else pr.matmul
     weight = h * i * pr.param if ly.trainable else 0
     return T * h * pr.hidden + (2 if ly.trainable else 3) * T * i * mlp + weight + dequantized

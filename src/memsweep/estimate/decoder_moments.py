@@ -104,8 +104,10 @@ def activations(inv: Inventory, sh: DecoderShape, pr: Precision, job: Config, de
     all_layer_weights = sum(layer_weights(ly) for ly, _ in recorded)
     # the logits in the head's dtype (every token's), and the fp32 copy the loss makes and keeps
     logits, fp32 = (T * V * pr.matmul, T * V * 4) if sh.causal_lm else (0, 0)
-    dequantized = max((t.numel * t.elem for t in inv.params if quantize != "none" and t.nbytes < t.numel * t.elem),
-                      default=0)  # a bitsandbytes weight dequantized (to its original dtype) for a matmul
+    # a bitsandbytes weight dequantized (to its original dtype) for a matmul, and that cast to the fp32
+    # the layer computes in (memsweep's bnb_4bit_compute_dtype; LLM.int8 casts to its input's dtype)
+    dequantized = max((t.numel * (t.elem + (4 if t.elem < 4 else 0)) for t in inv.params
+                       if quantize != "none" and t.nbytes < t.numel * t.elem), default=0)
 
     per_layer = [sum(terms.values()) for _, terms in recorded]
     if job.checkpointing.enabled:  # each checkpointed layer keeps only its input (the mask is in `model`)
