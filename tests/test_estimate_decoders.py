@@ -44,7 +44,10 @@ def assert_closed_form_near_trace(est, overrides, rel=0.15):
 @pytest.mark.parametrize("model", MODELS)
 def test_closed_form_follows_the_trace_on_the_grid_shape(model):
     for overrides in SUBSET:
-        assert_closed_form_near_trace(estimate(GRID_SHAPE + [f"model={model}"] + overrides), overrides)
+        est = estimate(GRID_SHAPE + [f"model={model}"] + overrides)
+        assert_closed_form_near_trace(est, overrides)
+        # the matmul count (the head on every token) against FlopCounterMode on the traced step
+        assert est["closed_form"]["flops_per_step"] == pytest.approx(est["flops_per_step"], rel=0.05), overrides
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -10,7 +10,7 @@ integrations/sdpa_attention.py and loss/loss_utils.py (ForCausalLMLoss).
 The measured step pads its batch to max_seq_len: with padding transformers materialises the causal mask
 (b x 1 x s x s bool) instead of SDPA's is_causal, so grouped-query attention repeats k and v to every
 head (repeat_kv) before SDPA, and SDPA turns the mask into a float one of the query's dtype in every
-layer. The head and loss are in head.py.
+layer. The embeddings, the head, the loss and the moments are in decoder_moments.py.
 """
 from dataclasses import dataclass
 from typing import Optional
