@@ -33,7 +33,8 @@ def shape_of(config, job: Config, micro_batch: int) -> Shape:
         return Shape(micro_batch, job.max_seq_len, config.dim, config.n_heads, config.hidden_dim, config.n_layers,
                      "distilbert", config.dropout, config.attention_dropout)
     if not hasattr(config, "hidden_dropout_prob"):  # BERT-style encoders (BERT, RoBERTa, ...) only
-        raise NoClosedForm(f"no closed form for model_type {config.model_type!r} (BERT-style encoders only)")
+        raise NoClosedForm(f"no closed form for model_type {config.model_type!r} (BERT-style encoders, "
+                           "Llama-family and GPT-2 decoders only)")
     return Shape(micro_batch, job.max_seq_len, config.hidden_size, config.num_attention_heads,
                  config.intermediate_size, config.num_hidden_layers, "bert", config.hidden_dropout_prob,
                  config.attention_probs_dropout_prob)

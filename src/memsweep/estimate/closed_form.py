@@ -22,7 +22,9 @@ from typing import Any, Optional
 
 from ..schema import Config, HardwareConf
 from ..techniques import optim as optim_traits
+from . import decoder_moments
 from .activations import Precision, Shape, activations, shape_of
+from .decoder import DecoderShape, decoder_shape, weights_precision
 from .inventory import Inventory, Tensor
 
 
@@ -90,8 +92,10 @@ def closed_form(inv: Inventory, config, job: Config, plan, profile: HardwareConf
                 optim_kwargs: Optional[dict] = None) -> dict[str, Any]:
     """The peak of the measured step and its breakdown, for the job's plan on the profile's device."""
     micro_batch, accumulation = plan.micro_batch_size, plan.accumulation_steps
-    sh = shape_of(config, job, micro_batch)
+    sh = decoder_shape(config, job, micro_batch) or shape_of(config, job, micro_batch)
     pr = Precision.of(job)
+    if isinstance(sh, DecoderShape):
+        pr = weights_precision(pr, inv)
     device = profile.device
     optim = optim_traits.traits(job.optim.hf_name)
     trainable = [t for t in inv.params if t.trainable]
@@ -103,7 +107,11 @@ def closed_form(inv: Inventory, config, job: Config, plan, profile: HardwareConf
         st, pr = deepspeed_states(st, inv, job, profile, pr, plan.nproc)
         notes.append("DeepSpeed (closed form only): ZeRO's per-process states with DeepSpeed's flat fp32 "
                      "buffers; checked on one CPU process, not on GPUs or several processes")
-    act = activations(inv, sh, pr, job, device, own_autocast=plan.autocast_dtype is not None)
+    if isinstance(sh, DecoderShape):
+        quantize = job.lora.quantize.value if job.lora.enabled else "none"
+        act = decoder_moments.activations(inv, sh, pr, job, device, quantize)
+    else:
+        act = activations(inv, sh, pr, job, device, own_autocast=plan.autocast_dtype is not None)
     if job.offload.activations and device == "cuda":
         # save_on_cpu: saved tensors go to host memory; a layer's working set stays on the device
         per_layer = sum(act["per_layer"].values())
@@ -115,8 +123,11 @@ def closed_form(inv: Inventory, config, job: Config, plan, profile: HardwareConf
     base = st.params + buffers + st.optimizer + st.held
     # each moment as (gradients alive, activations, temporaries) on top of the weights and state
     parts = {name: (grads_alive, value, 0) for name, value in act["moments"].items()}
+    for name, (made, value, in_flight) in act.get("backward", {}).items():
+        # (a decoder's) moments with the gradients made so far; with accumulation all of them exist
+        parts[name] = (st.grads if accumulation > 1 else made, value, in_flight)
     parts["optimizer step"] = (st.grads, 0, st.temp + st.at_step)
-    if act["first_layer"] is not None and accumulation == 1:
+    if act.get("first_layer") is not None and accumulation == 1:
         # recomputing the first layer, with the gradients of every layer above it and of the head made
         above = sum(t.numel * t.elem for t in trainable
                     if (t.layer or 0) > 0 or (t.layer is None and "embeddings" not in t.name))
@@ -140,7 +151,8 @@ def closed_form(inv: Inventory, config, job: Config, plan, profile: HardwareConf
         "grads_bytes": st.grads,
         "optimizer_bytes": st.optimizer,
         "optimizer_temp_bytes": st.temp,
-        "flops_per_step": flops(inv, sh, job) * accumulation,
+        "flops_per_step": (decoder_moments.flops(inv, sh, job) if isinstance(sh, DecoderShape)
+                           else flops(inv, sh, job)) * accumulation,
         "notes": notes,
     }
 

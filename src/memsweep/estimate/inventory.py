@@ -37,6 +37,7 @@ class Inventory:
     embeddings_trainable: bool
     lora_rank: int  # 0 = no LoRA
     lora_modules_per_layer: int
+    tied_head: bool = False  # the head's projection is the input embedding's weight (a tied LM head)
 
 
 def _layer_index(name: str, layers_module: str) -> Optional[int]:
@@ -53,12 +54,15 @@ def inventory(model, job: Config, structure) -> Inventory:
     (structure.py) says where its blocks, embeddings and full-precision modules are."""
     import torch
     from transformers import Trainer
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layer
 
     decay = set(Trainer.get_decay_parameter_names(None, model))  # Trainer's own grouping; `self` unused
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     quantize = job.lora.quantize.value if job.lora.enabled else "none"
     skip = list(structure.quantize_skip)
     layers_module = structure.layers
+    # bitsandbytes replaces linear layers only: an embedding's 2-D weight stays as it is
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D))}
     params, seen = [], set()
     layers = None
     for name, p in model.named_parameters():
@@ -69,13 +73,13 @@ def inventory(model, job: Config, structure) -> Inventory:
         if layer is not None:
             layers = max(layers or 0, layer + 1)
         nbytes = p.numel() * p.element_size()
-        if quantize != "none" and _quantized(name, p, skip):
+        if quantize != "none" and id(p) in linear_weights and _quantized(name, p, skip):
             nbytes = quantized_bytes(p, quantize)
         params.append(Tensor(name, tuple(p.shape), p.element_size(), nbytes, p.requires_grad, id(p) in embeddings,
                              name in decay, layer))
     layers = layers or 0
     trainable_layers = [any(t.trainable for t in params if t.layer == i) for i in range(layers)]
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))
                and "lora_" not in n and "modules_to_save" not in n]
     layer0 = [m.weight for n, m in linears if _layer_index(n + ".weight", layers_module) == 0]
     head = [m.weight for n, m in linears if _layer_index(n + ".weight", layers_module) is None]
@@ -92,6 +96,7 @@ def inventory(model, job: Config, structure) -> Inventory:
         embeddings_trainable=any(t.trainable for t in params if t.layer is None and _under(t.name, structure.embeddings)),
         lora_rank=job.lora.r if job.lora.enabled else 0,
         lora_modules_per_layer=len(lora_in_layer0),
+        tied_head=any(id(w) in embeddings for w in head),
     )
 
 

@@ -75,6 +75,9 @@ def cuda_kernels():
     def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if enable_gqa:
             return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if torch.is_autocast_enabled("cpu"):  # autocast casts F.scaled_dot_product_attention's inputs, not the op's
+            dtype = torch.get_autocast_dtype("cpu")
+            query, key, value = (t.to(dtype) for t in (query, key, value))
         bias = attn_mask
         if bias is not None and bias.dtype == torch.bool:  # as ATen does before its CUDA kernels
             bias = torch.zeros(bias.shape, dtype=query.dtype).masked_fill(~bias, float("-inf"))
