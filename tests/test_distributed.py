@@ -1,9 +1,11 @@
-"""distributed.nproc=2 (issue #6): one job on two CPU processes started by torchrun (gloo), with DDP, with
+"""distributed.nproc=2: one job on two CPU processes started by torchrun (gloo), with DDP, with
 DeepSpeed ZeRO-2/3 and with FSDP2 full_shard, against the same job on one process.
 
 Dropout off and unbucketed batches: the two ranks then see exactly the two halves of the one-process
 batch, so the losses must match, and ZeRO must leave each rank half the optimizer state.
 """
+import re
+
 import pytest
 from conftest import run_job
 
@@ -47,7 +49,8 @@ def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(shard
 
 def test_a_rank_that_runs_out_of_memory_makes_the_job_oom_with_its_reason(tmp_path):
     res = run_job(BASE + ["distributed.nproc=2", "hardware=cpu", "hardware.memory_gib=0.001"], tmp_path / "job")
-    assert res["status"] == "oom" and res["reason"].startswith("MemoryError: rank 0: MemoryError: the model alone")
+    # both ranks run out; whichever reports first gives the reason (a race on a loaded machine)
+    assert res["status"] == "oom" and re.match(r"MemoryError: rank [01]: MemoryError: the model alone", res["reason"])
     assert (tmp_path / "job" / "results.json").exists()
 
 
