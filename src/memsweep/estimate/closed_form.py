@@ -25,7 +25,7 @@ from ..techniques import optim as optim_traits
 from . import decoder_moments
 from .activations import Precision, Shape, activations, shape_of
 from .decoder import DecoderShape, decoder_shape, weights_precision
-from .inventory import Inventory, Tensor
+from .inventory import Inventory, Tensor, layer_flops
 
 
 def optimizer_state(inv: Inventory, optim: optim_traits.Traits, momentum: float, optim_bits: Optional[int]) -> int:
@@ -192,21 +192,8 @@ def deepspeed_states(st: States, inv: Inventory, job: Config, profile: HardwareC
 
 
 def flops(inv: Inventory, sh: Shape, job: Config) -> int:
-    """Matmul FLOPs of one micro-batch's forward and backward (2 per multiply-add)."""
-    T, s, h = sh.micro_batch * sh.seq_len, sh.seq_len, sh.hidden
-    linear = 2 * T * inv.linear_weights_per_layer
-    attention = 2 * 2 * sh.micro_batch * s * s * h  # q @ k^T and probabilities @ v
-    trains_weights = not inv.lora_rank
-    total, upstream = 0, inv.embeddings_trainable
-    for layer_trains in inv.trainable_layers:
-        recording = upstream or layer_trains
-        total += linear + attention
-        if recording:
-            # gradients of the inputs (unless nothing below needs them) and of trainable weights;
-            # attention has no weights: two matmuls back for each forward one
-            total += linear * ((1 if upstream else 0) + (1 if trains_weights and layer_trains else 0)) + 2 * attention
-            if job.checkpointing.enabled:
-                total += linear + attention  # recomputed
-        upstream = recording
+    """Matmul FLOPs of one micro-batch's forward and backward (2 per multiply-add); the head runs on
+    one (pooled) token per sequence."""
+    total = layer_flops(inv, sh.micro_batch, sh.seq_len, sh.hidden, job.checkpointing.enabled)
     head = 2 * sh.micro_batch * inv.head_linear_weights
     return total + head * 3

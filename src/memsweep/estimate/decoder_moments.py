@@ -20,7 +20,7 @@ from ..schema import Config
 from .activations import Precision
 from .decoder import (DecoderShape, Layer, backward_transient, casts, checkpoint_shared, kv_cache, layer_activations,
                       mask_bytes)
-from .inventory import Inventory
+from .inventory import Inventory, layer_flops
 
 
 def model_terms(inv: Inventory, sh: DecoderShape, pr: Precision, device: str, recording: bool) -> dict[str, int]:
@@ -162,18 +162,7 @@ def activations(inv: Inventory, sh: DecoderShape, pr: Precision, job: Config, de
 
 def flops(inv: Inventory, sh: DecoderShape, job: Config) -> int:
     """Matmul FLOPs of one micro-batch's forward and backward (2 per multiply-add); the head runs on every token."""
-    T, s = sh.tokens, sh.seq_len
-    linear = 2 * T * inv.linear_weights_per_layer
-    attention = 2 * 2 * sh.micro_batch * s * s * sh.q_width  # q @ k^T and probabilities @ v
-    trains_weights = not inv.lora_rank
-    total, upstream = 0, inv.embeddings_trainable
-    for layer_trains in inv.trainable_layers:
-        recording = upstream or layer_trains
-        total += linear + attention
-        if recording:
-            total += linear * ((1 if upstream else 0) + (1 if trains_weights and layer_trains else 0)) + 2 * attention
-            if job.checkpointing.enabled:
-                total += linear + attention
-        upstream = recording
+    T = sh.tokens
+    total = layer_flops(inv, sh.micro_batch, sh.seq_len, sh.q_width, job.checkpointing.enabled)
     head = 2 * T * inv.head_linear_weights
     return total + head * (3 if inv.trainable_head_linear_weights else 2)

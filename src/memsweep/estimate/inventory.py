@@ -118,3 +118,25 @@ def quantized_bytes(p, quantize: str) -> int:
     if quantize == "nf4":  # 4 bits per value, one fp32 absmax per 64-value block
         return p.numel() // 2 + math.ceil(p.numel() / 64) * 4
     return p.numel() + p.shape[0] * 4  # int8: 1 byte per value, one fp32 scale per output row
+
+
+def layer_flops(inv: Inventory, micro_batch: int, seq_len: int, attention_width: int, recompute: bool) -> int:
+    """Matmul FLOPs of the blocks for one micro-batch's forward and backward (2 per multiply-add): every
+    linear weight of a block on every token, and attention's q @ k^T and probabilities @ v over
+    `attention_width` values per token; with `recompute` (checkpointing) a block's forward runs twice."""
+    T = micro_batch * seq_len
+    linear = 2 * T * inv.linear_weights_per_layer
+    attention = 2 * 2 * micro_batch * seq_len * seq_len * attention_width
+    trains_weights = not inv.lora_rank
+    total, upstream = 0, inv.embeddings_trainable
+    for layer_trains in inv.trainable_layers:
+        recording = upstream or layer_trains
+        total += linear + attention
+        if recording:
+            # gradients of the inputs (unless nothing below needs them) and of trainable weights;
+            # attention has no weights: two matmuls back for each forward one
+            total += linear * ((1 if upstream else 0) + (1 if trains_weights and layer_trains else 0)) + 2 * attention
+            if recompute:
+                total += linear + attention
+        upstream = recording
+    return total
