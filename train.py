@@ -1,4 +1,6 @@
 """memsweep's single entrypoint: `python train.py [group=option ...]`, or `-m` to sweep a grid."""
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -19,4 +21,12 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    from memsweep.errors import EXIT_CODES, ConfigError
+    from memsweep.validate import group_options
+
+    try:
+        group_options(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"memsweep: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CODES["bad input"])
     main()

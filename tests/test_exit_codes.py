@@ -55,3 +55,22 @@ def test_train_py_exits_with_the_code(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "WANDB_MODE": "offline"})
     assert done.returncode == EXIT_CODES["unsupported"], done.stdout[-1000:] + done.stderr[-1000:]
+
+
+@pytest.mark.parametrize("args", [["model=nosuch"], ["-m", "model=tiny,nosuch"], ["task=classification,nosuch"]])
+def test_an_unknown_group_option_is_one_line_and_exits_2(args, tmp_path):
+    done = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    group = args[-1].split("=")[0]
+    assert done.returncode == EXIT_CODES["bad input"]
+    assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"memsweep: error: {group}: 'nosuch' is not an option; allowed: ")
+    assert "causal_lm" in done.stderr if group == "task" else "tiny-llama" in done.stderr
+    assert not any(tmp_path.iterdir())  # refused before Hydra made the job dir
+
+
+def test_group_options_leaves_what_hydra_expands():
+    from memsweep.validate import group_options
+
+    group_options(["model=glob(*)", "hydra/launcher=submitit_slurm", "lr=abc", "-m", "model=tiny,minilm",
+                   "+model=tiny", "model=null"])  # none refused here: Hydra or the schema owns them

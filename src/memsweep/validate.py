@@ -1,7 +1,9 @@
 """Bad input is refused before any work: one message naming the key, the value and what is allowed.
 
-Hydra and the typed schema (schema.py) already refuse an unknown option of a group, a mistyped key and
-a value of the wrong type. Here, in one place, what a type cannot say:
+Hydra and the typed schema (schema.py) already refuse a mistyped key and a value of the wrong type.
+Here, in one place, what a type cannot say:
+- `group_options`: a `group=option` argument with no conf/<group>/<option>.yaml, before Hydra composes
+  (Hydra refuses it too, but in a message of many lines with its search path);
 - `config`: keys the schema does not have (Hydra's `+key=value` adds them unchecked);
 - `ranges`: every number within its meaningful range, and the keys that must agree with each other;
 - `inputs` (a training job, before anything is loaded for training): the model's position limit and
@@ -16,7 +18,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import shapes
 from .errors import ConfigError
-from .schema import Config, ModelSource
+from .schema import CONF_DIR, Config, ModelSource
+
+
+def group_options(args: list[str]) -> None:
+    """Refuse `group=option` (or a comma list of options) naming no conf/<group>/<option>.yaml."""
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        group = key.lstrip("+~")
+        if arg.startswith("-") or not sep or not group.isidentifier() or not (CONF_DIR / group).is_dir():
+            continue  # a flag, a plain key (`lr=...`), `hydra/launcher=...`: Hydra or the schema checks it
+        if any(c in value for c in "()[]{}$'\"" ):
+            continue  # glob(...), range(...), interpolations: Hydra expands them
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        for name in value.split(","):
+            if name not in options and name != "null":
+                raise ConfigError(group, f"{name!r} is not an option; allowed: {', '.join(options)} "
+                                         f"(conf/{group}/*.yaml)")
 
 
 def config(cfg: DictConfig) -> None:
