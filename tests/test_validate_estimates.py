@@ -60,6 +60,8 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
         ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["1.3 B phi-1.5 / None / micro-batch 1"], common)
     with pytest.raises(ve.NotModelled, match="double quantization"):
         ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / bnb.nf4-dq / micro-batch 1"], common)
+    with pytest.raises(ve.NotModelled, match=r"bitsandbytes 0\.41\.1 .*kept every 4-bit linear's input"):
+        ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / bnb.nf4 / micro-batch 1"], common)
     rows, common = published_rows("torchtune_llama2_7b_lora_rank_targets")
     overrides, _ = ve.job_for("torchtune_llama2_7b_lora_rank_targets", rows["all layers, rank 64"], common)
     assert {"lora.r=64", "lora.alpha=128", "checkpointing=full", "max_seq_len=512",
