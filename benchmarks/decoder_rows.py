@@ -69,25 +69,41 @@ def torchao_llama2(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 # --- Lit-GPT LoRA on 1 x A100-40GB ----------------------------------------------------------------
 
-SHIPPED = {"meta-llama/Llama-2-7b-hf": "llama-2-7b"}
+# hub id -> (memsweep model option, the LoRA targets that are lit-gpt's q and v)
+SHIPPED = {
+    "meta-llama/Llama-2-7b-hf": ("llama-2-7b", ATTENTION),
+    "meta-llama/Llama-2-13b-hf": ("llama-2-13b", ATTENTION),
+    "microsoft/phi-1_5": ("phi-1.5", ATTENTION),
+    # GPT-NeoX has one fused query_key_value linear, as lit-gpt does; lit-gpt puts LoRA on its q and v
+    # slices, memsweep (peft) on the whole linear: the same 131,072 LoRA weights a layer (A 8x4096 and
+    # B 12288x8 against lit-gpt's A 16x4096 and B 8192x8), a differently shaped intermediate.
+    "stabilityai/stablelm-base-alpha-3b": ("stablelm-base-alpha-3b", "[query_key_value]"),
+}
+FUSED_QKV_CAVEAT = ("LoRA on the whole fused query_key_value (peft) for lit-gpt's LoRA on its q and v slices: the "
+                    "same trainable count, a (tokens x 12,288) LoRA output for lit-gpt's (tokens x 8,192)")
 
 
 def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
     hub_id = str(row["model"]).split()[0]
     if hub_id not in SHIPPED:
         raise NotModelled(f"no shipped architecture for {hub_id} (src/memsweep/archs/)")
+    name, targets = SHIPPED[hub_id]
     quantization = str(row["quantization"]).split()[0]
     if quantization == "bnb.nf4-dq":
         raise NotModelled("NF4 double quantization of the quantization constants: memsweep's qlora has none")
     mb = int(row["micro_batch"])
     quantize = {"none": "lora=r8", "bnb.nf4": "lora=qlora"}[quantization]
-    caveat = ("lit-gpt's chunked cross-entropy (128-token chunks) is modelled as one loss on the whole logits, "
-              "at 32,000 x 1,304 x 2-4 bytes per token row a few hundred MB")
+    caveat = (f"lit-gpt's chunked cross-entropy (128-token chunks) is modelled as one loss on the whole logits, "
+              f"at vocabulary x {int(row['seq_len']):,} x 2-4 bytes per sequence a few hundred MB")
+    if targets != ATTENTION:
+        caveat += "; " + FUSED_QKV_CAVEAT
     if quantization != "none":
-        caveat += "; PagedAdamW's 32-bit states of the 4.2M LoRA weights (34 MB, paged) as AdamW on the device"
-    return (["task=causal_lm", f"model={SHIPPED[hub_id]}", "hardware=a100_40gb", "batch_size=128",
+        lora = int(row["trainable_parameters"])
+        caveat += (f"; PagedAdamW's 32-bit states of the {lora / 1e6:.1f}M LoRA weights ({8 * lora / 1e6:.0f} MB, "
+                   "paged) as AdamW on the device")
+    return (["task=causal_lm", f"model={name}", "hardware=a100_40gb", "batch_size=128",
              f"accumulation.steps={128 // mb}", f"max_seq_len={row['seq_len']}", "precision=bf16_true",
-             "optim=adamw_torch", quantize, "lora.dropout=0.05", f"lora.target_modules={ATTENTION}"], caveat)
+             "optim=adamw_torch", quantize, "lora.dropout=0.05", f"lora.target_modules={targets}"], caveat)
 
 
 # --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------
