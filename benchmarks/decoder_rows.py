@@ -69,15 +69,18 @@ def torchao_llama2(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 # --- Lit-GPT LoRA on 1 x A100-40GB ----------------------------------------------------------------
 
-# hub id -> (memsweep model option, the LoRA targets that are lit-gpt's q and v)
+# hub id -> (memsweep model option, the LoRA targets that are lit-gpt's q and v, overrides for lit-gpt's kernels)
 SHIPPED = {
-    "meta-llama/Llama-2-7b-hf": ("llama-2-7b", ATTENTION),
-    "meta-llama/Llama-2-13b-hf": ("llama-2-13b", ATTENTION),
-    "microsoft/phi-1_5": ("phi-1.5", ATTENTION),
+    "meta-llama/Llama-2-7b-hf": ("llama-2-7b", ATTENTION, []),
+    "meta-llama/Llama-2-13b-hf": ("llama-2-13b", ATTENTION, []),
+    # lit-gpt's phi-1_5 MLP is F.gelu(approximate="tanh") (its config's gelu_approximate="tanh"), which is
+    # transformers' gelu_pytorch_tanh; the hub's gelu_new is the same function written as eager elementwise
+    # ops, whose saved intermediates the trace would count
+    "microsoft/phi-1_5": ("phi-1.5", ATTENTION, ["+model.overrides.hidden_act=gelu_pytorch_tanh"]),
     # GPT-NeoX has one fused query_key_value linear, as lit-gpt does; lit-gpt puts LoRA on its q and v
     # slices, memsweep (peft) on the whole linear: the same 131,072 LoRA weights a layer (A 8x4096 and
     # B 12288x8 against lit-gpt's A 16x4096 and B 8192x8), a differently shaped intermediate.
-    "stabilityai/stablelm-base-alpha-3b": ("stablelm-base-alpha-3b", "[query_key_value]"),
+    "stabilityai/stablelm-base-alpha-3b": ("stablelm-base-alpha-3b", "[query_key_value]", []),
 }
 FUSED_QKV_CAVEAT = ("LoRA on the whole fused query_key_value (peft) for lit-gpt's LoRA on its q and v slices: the "
                     "same trainable count, a (tokens x 12,288) LoRA output for lit-gpt's (tokens x 8,192)")
@@ -87,7 +90,7 @@ def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
     hub_id = str(row["model"]).split()[0]
     if hub_id not in SHIPPED:
         raise NotModelled(f"no shipped architecture for {hub_id} (src/memsweep/archs/)")
-    name, targets = SHIPPED[hub_id]
+    name, targets, kernels = SHIPPED[hub_id]
     quantization = str(row["quantization"]).split()[0]
     if quantization == "bnb.nf4-dq":
         raise NotModelled("NF4 double quantization of the quantization constants: memsweep's qlora has none")
@@ -97,13 +100,15 @@ def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
               f"at vocabulary x {int(row['seq_len']):,} x 2-4 bytes per sequence a few hundred MB")
     if targets != ATTENTION:
         caveat += "; " + FUSED_QKV_CAVEAT
+    if kernels:
+        caveat += "; GELU as lit-gpt runs it, F.gelu(approximate='tanh') (hidden_act gelu_pytorch_tanh for gelu_new)"
     if quantization != "none":
         lora = int(row["trainable_parameters"])
         caveat += (f"; PagedAdamW's 32-bit states of the {lora / 1e6:.1f}M LoRA weights ({8 * lora / 1e6:.0f} MB, "
                    "paged) as AdamW on the device")
     return (["task=causal_lm", f"model={name}", "hardware=a100_40gb", "batch_size=128",
              f"accumulation.steps={128 // mb}", f"max_seq_len={row['seq_len']}", "precision=bf16_true",
-             "optim=adamw_torch", quantize, "lora.dropout=0.05", f"lora.target_modules={targets}"], caveat)
+             "optim=adamw_torch", quantize, "lora.dropout=0.05", f"lora.target_modules={targets}", *kernels], caveat)
 
 
 # --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------

@@ -57,8 +57,8 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
     assert {"model=llama-2-7b", "hardware=a100_40gb", "accumulation.steps=64", "max_seq_len=1304", "lora=r8",
             "lora.target_modules=[q_proj,v_proj]"} <= set(overrides) and "chunked cross-entropy" in caveat
     overrides, _ = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["1.3 B phi-1.5 / None / micro-batch 4"], common)
-    assert {"model=phi-1.5", "accumulation.steps=32", "max_seq_len=1044",
-            "lora.target_modules=[q_proj,v_proj]"} <= set(overrides)
+    assert {"model=phi-1.5", "accumulation.steps=32", "max_seq_len=1044", "lora.target_modules=[q_proj,v_proj]",
+            "+model.overrides.hidden_act=gelu_pytorch_tanh"} <= set(overrides)
     overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["3 B StableLM Alpha / bnb.nf4 / micro-batch 1"],
                                    common)
     assert {"model=stablelm-base-alpha-3b", "lora=qlora", "lora.target_modules=[query_key_value]"} <= set(overrides)
