@@ -69,28 +69,47 @@ def torchao_llama2(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 # --- Lit-GPT LoRA on 1 x A100-40GB ----------------------------------------------------------------
 
-SHIPPED = {"meta-llama/Llama-2-7b-hf": "llama-2-7b"}
+# hub id -> (memsweep model option, the LoRA targets that are lit-gpt's q and v, overrides for lit-gpt's kernels)
+SHIPPED = {
+    "meta-llama/Llama-2-7b-hf": ("llama-2-7b", ATTENTION, []),
+    "meta-llama/Llama-2-13b-hf": ("llama-2-13b", ATTENTION, []),
+    # lit-gpt's phi-1_5 MLP is F.gelu(approximate="tanh") (its config's gelu_approximate="tanh"), which is
+    # transformers' gelu_pytorch_tanh; the hub's gelu_new is the same function written as eager elementwise
+    # ops, whose saved intermediates the trace would count
+    "microsoft/phi-1_5": ("phi-1.5", ATTENTION, ["+model.overrides.hidden_act=gelu_pytorch_tanh"]),
+    # GPT-NeoX has one fused query_key_value linear, as lit-gpt does; lit-gpt puts LoRA on its q and v
+    # slices, memsweep (peft) on the whole linear: the same 131,072 LoRA weights a layer (A 8x4096 and
+    # B 12288x8 against lit-gpt's A 16x4096 and B 8192x8), a differently shaped intermediate.
+    "stabilityai/stablelm-base-alpha-3b": ("stablelm-base-alpha-3b", "[query_key_value]", []),
+}
+FUSED_QKV_CAVEAT = ("LoRA on the whole fused query_key_value (peft) for lit-gpt's LoRA on its q and v slices: the "
+                    "same trainable count, a (tokens x 12,288) LoRA output for lit-gpt's (tokens x 8,192)")
 
 
 def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
     hub_id = str(row["model"]).split()[0]
     if hub_id not in SHIPPED:
         raise NotModelled(f"no shipped architecture for {hub_id} (src/memsweep/archs/)")
+    name, targets, kernels = SHIPPED[hub_id]
     quantization = str(row["quantization"]).split()[0]
     if quantization.startswith("bnb.nf4"):
         # Read in the sources the table names (lit-gpt 8641822b, Lightning 71aed751, bitsandbytes 0.41.1).
         raise NotModelled(
             "bitsandbytes 0.41.1 (the source's) kept every 4-bit linear's input for backward (MatMul4Bit "
-            "ctx.tensors = (A, B); dropped in 0.43.2, bitsandbytes PR #1270), about 1.5 GiB of saved inputs at "
+            "ctx.tensors = (A, B); dropped in 0.43.2, bitsandbytes PR #1270): for Llama-2-7B about 1.5 GiB of saved inputs at "
             "1,304 tokens, and Lightning's BitsandbytesPrecision quantized lm_head too (no ignore_modules); "
             "memsweep models the bitsandbytes it installs, which keeps neither"
             + ("; and NF4 double quantization: memsweep's qlora has none" if quantization == "bnb.nf4-dq" else ""))
     mb = int(row["micro_batch"])
-    caveat = ("lit-gpt's chunked cross-entropy (128-token chunks) is modelled as one loss on the whole logits, "
-              "at 32,000 x 1,304 x 2-4 bytes per token row a few hundred MB")
-    return (["task=causal_lm", f"model={SHIPPED[hub_id]}", "hardware=a100_40gb", "batch_size=128",
+    caveat = (f"lit-gpt's chunked cross-entropy (128-token chunks) is modelled as one loss on the whole logits, "
+              f"at vocabulary x {int(row['seq_len']):,} x 2-4 bytes per sequence a few hundred MB")
+    if targets != ATTENTION:
+        caveat += "; " + FUSED_QKV_CAVEAT
+    if kernels:
+        caveat += "; GELU as lit-gpt runs it, F.gelu(approximate='tanh') (hidden_act gelu_pytorch_tanh for gelu_new)"
+    return (["task=causal_lm", f"model={name}", "hardware=a100_40gb", "batch_size=128",
              f"accumulation.steps={128 // mb}", f"max_seq_len={row['seq_len']}", "precision=bf16_true",
-             "optim=adamw_torch", "lora=r8", "lora.dropout=0.05", f"lora.target_modules={ATTENTION}"], caveat)
+             "optim=adamw_torch", "lora=r8", "lora.dropout=0.05", f"lora.target_modules={targets}", *kernels], caveat)
 
 
 # --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------

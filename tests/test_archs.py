@@ -19,6 +19,13 @@ PUBLISHED = {
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B", 7_615_616_512, False),
     "mistral-7b": ("mistralai/Mistral-7B-v0.3", 7_248_023_552, False),
     "llama-2-7b": ("meta-llama/Llama-2-7b-hf", 6_738_415_616, False),
+    # 13,015,864,320: Meta's count for Llama-2-13b-hf (40 x 5120 layers, 13824 MLP, 32000 vocabulary, untied)
+    "llama-2-13b": ("meta-llama/Llama-2-13b-hf", 13_015_864_320, False),
+    # 1,418,270,720: the hub's count for microsoft/phi-1_5 in transformers' phi format (biased linears and head)
+    "phi-1.5": ("microsoft/phi-1_5", 1_418_270_720, False),
+    # 3,637,321,728: "number of parameters in https://huggingface.co/stabilityai/stablelm-base-alpha-3b", asserted by
+    # a public R torch GPT-NeoX test that builds the model from this config (see archs/README.md)
+    "stablelm-base-alpha-3b": ("stabilityai/stablelm-base-alpha-3b", 3_637_321_728, False),
 }
 
 

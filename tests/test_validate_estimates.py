@@ -56,8 +56,17 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
     overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / None / micro-batch 2"], common)
     assert {"model=llama-2-7b", "hardware=a100_40gb", "accumulation.steps=64", "max_seq_len=1304", "lora=r8",
             "lora.target_modules=[q_proj,v_proj]"} <= set(overrides) and "chunked cross-entropy" in caveat
-    with pytest.raises(ve.NotModelled, match="no shipped architecture for microsoft/phi-1_5"):
-        ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["1.3 B phi-1.5 / None / micro-batch 1"], common)
+    overrides, _ = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["1.3 B phi-1.5 / None / micro-batch 4"], common)
+    assert {"model=phi-1.5", "accumulation.steps=32", "max_seq_len=1044", "lora.target_modules=[q_proj,v_proj]",
+            "+model.overrides.hidden_act=gelu_pytorch_tanh"} <= set(overrides)
+    overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["3 B StableLM Alpha / None / micro-batch 1"],
+                                   common)
+    assert {"model=stablelm-base-alpha-3b", "lora=r8", "lora.target_modules=[query_key_value]"} <= set(overrides)
+    assert "fused query_key_value" in caveat
+    overrides, _ = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["13 B Llama 2 13B / None / micro-batch 1"], common)
+    assert {"model=llama-2-13b", "accumulation.steps=128", "max_seq_len=1304"} <= set(overrides)
+    with pytest.raises(ve.NotModelled, match="no shipped architecture for tiiuae/falcon-40b"):
+        ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["40 B Falcon 40B / None / micro-batch 1"], common)
     with pytest.raises(ve.NotModelled, match="double quantization"):
         ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / bnb.nf4-dq / micro-batch 1"], common)
     with pytest.raises(ve.NotModelled, match=r"bitsandbytes 0\.41\.1 .*kept every 4-bit linear's input"):
