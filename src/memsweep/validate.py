@@ -28,7 +28,7 @@ def group_options(args: list[str]) -> None:
         group = key.lstrip("+~")
         if arg.startswith("-") or not sep or not group.isidentifier() or not (CONF_DIR / group).is_dir():
             continue  # a flag, a plain key (`lr=...`), `hydra/launcher=...`: Hydra or the schema checks it
-        if any(c in value for c in "()[]{}$'\"" ):
+        if any(c in value for c in "()[]{}$'\""):
             continue  # glob(...), range(...), interpolations: Hydra expands them
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         for name in value.split(","):
