@@ -96,8 +96,9 @@ def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
         # Read in the sources the table names (lit-gpt 8641822b, Lightning 71aed751, bitsandbytes 0.41.1).
         raise NotModelled(
             "bitsandbytes 0.41.1 (the source's) kept every 4-bit linear's input for backward (MatMul4Bit "
-            "ctx.tensors = (A, B); dropped in 0.43.2, bitsandbytes PR #1270): for Llama-2-7B about 1.5 GiB of saved inputs at "
-            "1,304 tokens, and Lightning's BitsandbytesPrecision quantized lm_head too (no ignore_modules); "
+            "ctx.tensors = (A, B); dropped in 0.43.2, bitsandbytes PR #1270): for Llama-2-7B about 1.5 GiB of "
+            "saved inputs at 1,304 tokens, and Lightning's BitsandbytesPrecision quantized lm_head too "
+            "(no ignore_modules); "
             "memsweep models the bitsandbytes it installs, which keeps neither"
             + ("; and NF4 double quantization: memsweep's qlora has none" if quantization == "bnb.nf4-dq" else ""))
     mb = int(row["micro_batch"])
