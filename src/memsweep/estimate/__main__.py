@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import schema, sweep, validate
-from ..errors import ConfigError, Unsupported
+from ..errors import Unsupported
 from ..schema import Config
 from .core import run_estimate
 from .table import write_pivot_table, write_sweep_table
@@ -18,25 +18,13 @@ from .table import write_pivot_table, write_sweep_table
 def compose(overrides: list[str]) -> Config:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf
 
+    validate.group_options(overrides)  # one line for `model=nosuch`, as train.py gives
     schema.register_configs()
     with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
-        try:
-            cfg = hydra_compose(config_name="config", overrides=overrides)
-        except MissingConfigException as exc:  # Hydra's message spans 20 lines with its search path
-            raise unknown_option(exc) from None
+        cfg = hydra_compose(config_name="config", overrides=overrides)
     return OmegaConf.to_object(cfg)
-
-
-def unknown_option(exc) -> Exception:
-    """A group option that does not exist (`model=nosuch`) as one line: the key and its options."""
-    group, _, name = str(exc.missing_cfg_file or "").rpartition("/")
-    if not group or not exc.options:
-        return exc
-    return ConfigError(group, f"{name!r} is not an option; allowed: {', '.join(exc.options)} "
-                              f"(conf/{group}/*.yaml)")
 
 
 def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list[str]]:
