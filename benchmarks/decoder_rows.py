@@ -4,7 +4,8 @@ A row is a job only where its source states (or its configs at the cited commit 
 sets the memory: model, micro-batch, tokens per sequence, precision, optimizer, checkpointing, LoRA
 targets. A technique memsweep does not have (chunked cross-entropy, the optimizer step inside the
 backward, torch.compile's fusion, torchtune's activation offloading, selective activation
-checkpointing, Float8 matmuls, 4-bit optimizer states, NF4 double quantization) makes the row
+checkpointing, Float8 matmuls, 4-bit optimizer states, NF4 double quantization), or a library version
+whose memory differs from the one memsweep installs (bitsandbytes before 0.43.2), makes the row
 NotModelled, naming it. Each function returns (overrides, caveat): the caveat says where the job is an
 approximation of the source's set-up that the tables show to matter little.
 """

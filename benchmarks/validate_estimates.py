@@ -103,9 +103,8 @@ def estimate(overrides: list[str], cache: dict) -> dict[str, Any]:
     if key not in cache:
         from memsweep import hardware, validate
         from memsweep.estimate.__main__ import compose
-        from memsweep.estimate.core import estimate_job
-
         from memsweep.estimate.activations import NoClosedForm
+        from memsweep.estimate.core import estimate_job
 
         job = compose(overrides)
         validate.ranges(job)
