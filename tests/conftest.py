@@ -53,6 +53,16 @@ def compose_config(overrides=(), job_dir: Path | None = None, multirun: bool = F
     return cfg
 
 
+def job_of(overrides):
+    """The typed job config of the overrides and its hardware profile, as the estimator takes them."""
+    from omegaconf import OmegaConf
+
+    from memsweep import hardware
+
+    job = OmegaConf.to_object(compose_config(overrides))
+    return job, hardware.detect(job.hardware)
+
+
 def run_job(overrides, job_dir: Path, multirun: bool = False, exits: bool = False) -> dict:
     """Run one real job in this process (as Hydra's basic launcher does) and return its results, also
     when a single run ends otherwise than ok and exits with its status's code (`exits=True`: the

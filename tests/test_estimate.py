@@ -7,10 +7,9 @@ written into the test.
 import json
 
 import pytest
-from conftest import THREADS, compose_config
-from omegaconf import OmegaConf
+from conftest import THREADS, compose_config, job_of
 
-from memsweep import hardware, results, sweep
+from memsweep import results, sweep
 from memsweep.estimate import __main__ as cli
 from memsweep.estimate import autofit, core, table
 from memsweep.errors import Unsupported
@@ -23,11 +22,6 @@ GRID = [[f"precision={p}", f"optim={o}", f"checkpointing={c}"]
         for p in ("fp32", "bf16") for o in ("adamw", "adamw_torch", "sgd") for c in ("none", "full")]
 # bitsandbytes cannot run on fake tensors: this row is answered by the closed form alone
 FALLBACK = ["precision=fp32", "optim=adamw_8bit", "checkpointing=none"]
-
-
-def job_of(overrides):
-    job = OmegaConf.to_object(compose_config(overrides))
-    return job, hardware.detect(job.hardware)
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,8 @@ The trace is the reference where it runs (it reproduces the measured ledger, tes
 every comparison is with a figure computed here, never one written into the test.
 """
 import pytest
-from conftest import THREADS, compose_config, run_job
-from omegaconf import OmegaConf
+from conftest import THREADS, job_of, run_job
 
-from memsweep import hardware
 from memsweep.estimate import core
 
 MODELS = ["tiny-llama", "tiny-qwen2", "tiny-gpt2"]
@@ -24,11 +22,6 @@ SUBSET = [["precision=fp32", "optim=adamw", "checkpointing=none", "lora=none"],
           ["precision=bf16", "optim=adamw", "checkpointing=full", "lora=r8"],
           ["precision=bf16", "optim=sgd", "checkpointing=none", "lora=none"],
           ["precision=bf16", "optim=adafactor", "checkpointing=none", "lora=r8"]]
-
-
-def job_of(overrides):
-    job = OmegaConf.to_object(compose_config(overrides))
-    return job, hardware.detect(job.hardware)
 
 
 def estimate(overrides) -> dict:

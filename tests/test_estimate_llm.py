@@ -4,10 +4,9 @@ messages for a model or architecture that does not exist."""
 import json
 
 import pytest
-from conftest import compose_config
-from omegaconf import OmegaConf
+from conftest import job_of
 
-from memsweep import hardware, sweep
+from memsweep import sweep
 from memsweep.errors import ConfigError
 from memsweep.estimate import __main__ as cli
 from memsweep.estimate import core, table
@@ -15,11 +14,6 @@ from memsweep.estimate.arch import meta_model, model_config
 from memsweep.plan import build_plan
 
 GIB = 2**30
-
-
-def job_of(overrides):
-    job = OmegaConf.to_object(compose_config(overrides))
-    return job, hardware.detect(job.hardware)
 
 
 def test_the_grids_are_a_union_each_job_once():
