@@ -18,6 +18,7 @@ from .plan import Plan, build_plan
 from .results import Result
 from .schema import Config, HardwareConf, Progress
 from .steptime import StepTimer
+from .techniques import optim
 from .trainer import DivergenceCallback, MemsweepTrainer, WandbLogCallback
 
 
@@ -129,7 +130,8 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
 def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: Result, run) -> None:
     trainer, data = built.trainer, built.data
     res.data = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
-    out = trainer.train()
+    with optim.own_bitsandbytes_overrides():
+        out = trainer.train()
     if built.divergence.diverged_at is not None:
         raise Diverged(f"loss became NaN/inf by optimizer step {built.divergence.diverged_at}")
     if not math.isfinite(out.training_loss):  # a NaN after the last logged step

@@ -3,6 +3,8 @@
 This module owns what an optimizer name means beyond its Trainer name (`traits`): which update rule
 it runs, how its state is stored, whether bitsandbytes steps it. Rules and the estimator ask here.
 """
+import contextlib
+import sys
 from dataclasses import dataclass
 
 from ..schema import OptimName
@@ -41,3 +43,24 @@ def apply(cfg, plan) -> None:
                      lr_scheduler_type=cfg.scheduler)
     if traits(cfg.hf_name).rule == "sgd":
         plan.args["optim_args"] = f"momentum={cfg.momentum}"
+
+
+@contextlib.contextmanager
+def own_bitsandbytes_overrides():
+    """bitsandbytes keeps per-parameter optimizer overrides (Trainer's: 32-bit state for embeddings) in a
+    process-wide singleton, matched by module and by (group, index) position: left over from an earlier
+    job or estimate in this process (a sweep runs its jobs in one), they would apply to whatever parameter
+    sits there now. The block starts from none; what was there is put back after it."""
+    if "bitsandbytes" not in sys.modules:
+        yield
+        return
+    from bitsandbytes.optim import GlobalOptimManager
+
+    manager = GlobalOptimManager.get_instance()
+    saved = {k: v.copy() if isinstance(v, (dict, list)) else v for k, v in vars(manager).items()}
+    manager.initialize()
+    try:
+        yield
+    finally:
+        vars(manager).clear()
+        vars(manager).update(saved)
