@@ -73,7 +73,8 @@ def inventory(model, job: Config, structure) -> Inventory:
         if layer is not None:
             layers = max(layers or 0, layer + 1)
         nbytes = p.numel() * p.element_size()
-        if quantize != "none" and id(p) in linear_weights and _quantized(name, p, skip):
+        # (a head tied to the input embedding is the embedding's weight: it stays as it is too)
+        if quantize != "none" and id(p) in linear_weights and id(p) not in embeddings and _quantized(name, p, skip):
             nbytes = quantized_bytes(p, quantize)
         params.append(Tensor(name, tuple(p.shape), p.element_size(), nbytes, p.requires_grad, id(p) in embeddings,
                              name in decay, layer))
