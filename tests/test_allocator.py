@@ -272,3 +272,30 @@ def test_cublas_workspace_is_a_block_alive_through_the_step(monkeypatch):
         pass
     sizes = [e[2] for e in recorder.events if e[0] == "alloc"]
     assert sizes == [64, 16, 8_519_680]  # weight, bias, then the workspace (no optimizer state for SGD)
+
+
+def test_a_4bit_weight_brings_its_block_scales_and_8bit_state_its_maps_once():
+    import bitsandbytes as bnb
+    import torch
+
+    from memsweep.estimate import capture
+    from memsweep.techniques import optim
+
+    layer = bnb.nn.Linear4bit(256, 128, bias=False, quant_type="nf4")
+    layer.weight = bnb.nn.Params4bit(torch.randn(128, 256), requires_grad=False, quant_type="nf4",
+                                    compress_statistics=False).to("cpu")  # as lora=qlora: no double quantization
+    head = torch.nn.Linear(128, 4096, bias=False)
+    model = torch.nn.Sequential(layer, head)
+    with optim.own_bitsandbytes_overrides():  # none left by the jobs other tests ran in this process
+        optimizer = bnb.optim.AdamW8bit(head.parameters())
+        head(torch.randn(2, 128)).sum().backward()
+        optimizer.step()
+    with capture.Recorder(capture.alive_at_step(model, optimizer)) as recorder:
+        pass
+    sizes = [e[2] for e in recorder.events if e[0] == "alloc"]
+    workspace = capture.cublas_workspace_bytes()
+    # packed 4-bit weight, one fp32 scale per 64 values, the 16-value NF4 code; the head's weight;
+    # the workspace, the head's gradient; its two uint8 states, two block-scale vectors and two maps once
+    assert sizes[:5] == [128 * 256 // 2, 128 * 256 // 64 * 4, 16 * 4, 4096 * 128 * 4, workspace]
+    state = sorted(sizes[6:])
+    assert state == sorted([4096 * 128] * 2 + [4096 * 128 // 256 * 4] * 2 + [256 * 4] * 2), state

@@ -74,13 +74,33 @@ def test_classification_on_a_decoder():
             assert_closed_form_near_trace(estimate(shape + [f"model={model}", "optim=sgd"] + overrides), overrides)
 
 
-def test_adamw_8bit_is_answered_by_the_closed_form():
-    est = estimate(GRID_SHAPE + ["model=tiny-qwen2", "optim=adamw_8bit"])
-    assert est["method"] == "closed_form" and "bitsandbytes" in est["method_reason"]
-    adamw = estimate(GRID_SHAPE + ["model=tiny-qwen2", "optim=adamw"])
+def test_bitsandbytes_jobs_are_traced_and_the_closed_form_agrees():
+    # (not lora=int8: on the CPU bitsandbytes trains 8-bit layers through MatMul8bitFp, which the trace
+    # runs; the closed form models the GPU's MatMul8bitLt)
+    for overrides in (["optim=adamw_8bit"], ["optim=paged_adamw_8bit"], ["lora=qlora"],
+                      ["lora=qlora", "checkpointing=full", "precision=bf16"]):
+        est = estimate(LAYER_SHAPE + ["model=tiny-qwen2"] + overrides)
+        assert_closed_form_near_trace(est, overrides)
+        # the closed form counts the 4-bit block scales with the weights; the trace (as a CPU job's
+        # tracker) only the parameters
+        assert est["closed_form"]["optimizer_bytes"] == est["optimizer_bytes"], overrides
+    adamw, eight_bit = (estimate(GRID_SHAPE + ["model=tiny-qwen2", f"optim={o}"]) for o in ("adamw", "adamw_8bit"))
     # the tied embedding keeps 32-bit states (Trainer), the layers' matrices 8-bit ones
-    assert est["optimizer_bytes"] < adamw["optimizer_bytes"]
-    assert est["closed_form"]["peak_bytes"] == pytest.approx(adamw["closed_form"]["peak_bytes"], rel=0.15)
+    assert eight_bit["optimizer_bytes"] < adamw["optimizer_bytes"]
+
+
+def test_on_a_gpu_qlora_adds_the_block_scales_and_int8_falls_back():
+    shape = LAYER_SHAPE + ["model=tiny-qwen2", "hardware=t4", "precision=fp16"]
+    plain, qlora = estimate(shape + ["lora=r8"]), estimate(shape + ["lora=qlora"])
+    assert qlora["method"] == "trace" and qlora["peak_reserved_bytes"] >= qlora["peak_allocated_bytes"]
+    # the 4-bit weights' fp32 scales (one per 64 values): the closed form counts them with the weights, the
+    # trace's tracker does not (neither does a real job's), the allocator model does (capture.py)
+    scales = qlora["closed_form"]["breakdown"]["params"] - qlora["trace"]["breakdown"]["params"]
+    assert scales > 0
+    assert qlora["peak_allocated_bytes"] - qlora["peak_bytes"] >= scales
+    assert qlora["peak_bytes"] < plain["peak_bytes"]
+    int8 = estimate(shape + ["lora=int8"])
+    assert int8["method"] == "closed_form" and "outlier" in int8["method_reason"]
 
 
 @pytest.mark.slow  # a trace of a 1.2B-parameter model (about 20 s)
@@ -92,10 +112,12 @@ def test_closed_form_follows_the_trace_at_a_billion_parameters():
         assert_closed_form_near_trace(est, overrides, rel=0.05)
 
 
-def test_qlora_on_an_8b_model_is_answered_by_the_closed_form():
+@pytest.mark.slow  # a trace of an 8B model (about 20 s)
+def test_qlora_on_an_8b_model():
     est = estimate(["task=causal_lm", "model=llama-3.1-8b", "lora=qlora", "hardware=t4", "batch_size=1",
                     "max_seq_len=512"])
-    assert est["method"] == "closed_form" and "bitsandbytes" in est["method_reason"]
+    assert est["method"] == "trace"
+    assert est["closed_form"]["peak_bytes"] == pytest.approx(est["peak_allocated_bytes"], rel=0.05)
     closed = est["closed_form"]
     # 4-bit layer weights (~3.5 GB) beside the unquantized embedding and head, in fp32 under precision=fp32
     # (2 x 128,256 x 4,096 x 4 B = 4.2 GB): well under the 32 GB of fp32 weights; the logits of 128,256
@@ -109,7 +131,9 @@ def test_qlora_on_an_8b_model_is_answered_by_the_closed_form():
 # Real tiny jobs: the trace within 5 % of the measured peak, the closed form within 15 %
 MEASURED = [["model=tiny-llama", "precision=fp32", "optim=adamw_8bit", "checkpointing=none", "lora=none"],
             ["model=tiny-qwen2", "precision=bf16", "optim=sgd", "checkpointing=full", "lora=r8"],
-            ["model=tiny-gpt2", "precision=fp32", "optim=adafactor", "checkpointing=full", "lora=none"]]
+            ["model=tiny-gpt2", "precision=fp32", "optim=adafactor", "checkpointing=full", "lora=none"],
+            ["model=tiny-llama", "precision=fp32", "optim=adamw", "checkpointing=full", "lora=qlora"],
+            ["model=tiny-qwen2", "precision=fp32", "optim=paged_adamw_8bit", "checkpointing=none", "lora=int8"]]
 
 
 @pytest.mark.slow  # three real jobs (bf16 is emulated on the CPU)
@@ -120,8 +144,8 @@ def test_closed_form_predicts_real_decoder_jobs(overrides, tmp_path):
     assert res["status"] == "ok", res["reason"]
     measured, est = res["memory"]["peak_bytes"], res["estimate"]
     assert est["closed_form"]["peak_bytes"] == pytest.approx(measured, rel=0.15), est["closed_form"]["phase"]
-    # bitsandbytes' 8-bit state measured 24,448 B (0.12 %) above the closed form on a fresh clone: not yet
-    # explained, so this checks the state to 1 %, not to the byte
+    # bitsandbytes' 8-bit state once measured 24,448 B (0.12 %) above the closed form on a fresh clone: not
+    # explained, so the closed form's state is checked to 1 %, the trace's (the library's own code) to the byte
     assert est["closed_form"]["optimizer_bytes"] == pytest.approx(res["memory"]["optimizer_bytes"], rel=0.01)
-    if est["trace"] is not None:
-        assert est["trace"]["peak_bytes"] == pytest.approx(measured, rel=0.05)
+    assert est["method"] == "trace" and est["optimizer_bytes"] == res["memory"]["optimizer_bytes"]
+    assert est["trace"]["peak_bytes"] == pytest.approx(measured, rel=0.005)

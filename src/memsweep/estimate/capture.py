@@ -89,13 +89,30 @@ def alive_at_step(model, optimizer) -> list:
     def load_order(module):
         for child in module.children():
             yield from load_order(child)
-        yield from (t for t in module._parameters.values() if t is not None)
+        for t in module._parameters.values():
+            if t is not None:
+                yield t
+                yield from quantization_state(t)
         yield from (t for t in module._buffers.values() if t is not None)
 
     params = list(load_order(model))
     grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
-    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    # bitsandbytes gives every parameter's state the same quantization maps: each tensor once
+    state = list({id(v): v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)}.values())
     return params + [cublas_workspace_bytes()] + grads + state
+
+
+def quantization_state(weight) -> list:
+    """A bitsandbytes 4-bit weight's QuantState tensors, made on the device as it is quantized there: its
+    block scales and code (and with double quantization their own scales, code and offset). They are
+    neither parameters nor buffers, so a CPU job's tracker does not see them; a GPU's allocator does."""
+    qs = getattr(weight, "quant_state", None)
+    if qs is None:
+        return []
+    tensors = [qs.absmax, qs.code]
+    if qs.nested:
+        tensors += [qs.offset, qs.state2.absmax, qs.state2.code]
+    return [t for t in tensors if isinstance(t, torch.Tensor)]
 
 
 def alloc_conf() -> str | None:

@@ -12,6 +12,7 @@ from ..plan import build_plan
 from ..schema import Config, HardwareConf
 from ..sweep import ESTIMATE_FILE
 from ..techniques import precision
+from ..techniques.optim import traits as optim_traits
 from .arch import meta_model, model_config
 from .activations import NoClosedForm
 from .closed_form import closed_form
@@ -71,7 +72,9 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True,
         closed_reason = str(exc)
     key = device_key(job, profile) if memo is not None else None
     if trace_enabled:
-        traced, reason = _once(memo, ("trace", key), lambda: _trace_or_reason(job, profile, plan, model))
+        quantized = job.lora.enabled and job.lora.quantize.value != "none"  # the trace runs bitsandbytes' layers
+        traced_model = meta_model(job, plan, config, quantized=True) if quantized else model
+        traced, reason = _once(memo, ("trace", key), lambda: _trace_or_reason(job, profile, plan, traced_model))
     else:
         traced, reason = None, "trace disabled"
     chosen = traced or closed
@@ -152,6 +155,9 @@ def notes_for(job: Config, plan, profile: HardwareConf) -> list[str]:
         notes.append("compile=on is estimated as eager execution")
     if plan.nproc > 1 and not plan.process_group:  # plain DDP
         notes.append("per process; DDP's gradient buckets are not included")
+    if profile.device == "cuda" and optim_traits(job.optim.hf_name).paged:
+        notes.append("paged optimizer state counted as device memory: bitsandbytes keeps it in unified memory, "
+                     "outside PyTorch's allocator, on the GPU until the GPU runs short")
     if profile.device == "cuda":
         notes.append("CUDA: traced with the GPU's dropout and memory-efficient SDPA kernels on the CPU; reserved "
                      "replays the step's allocations through a model of the caching allocator; device used adds "

@@ -24,10 +24,9 @@ class Untraceable(Exception):
 
 
 def untraceable_reason(job: Config, plan) -> Optional[str]:
-    if job.lora.enabled and job.lora.quantize.value != "none":
-        return "bitsandbytes-quantized weights (lora.quantize) cannot be built on fake tensors"
-    if optim.traits(job.optim.hf_name).bitsandbytes:
-        return "bitsandbytes optimizers read values in their step (fails on fake tensors)"
+    if job.lora.enabled and job.lora.quantize.value == "int8" and plan.device == "cuda":
+        # On a CPU bitsandbytes trains 8-bit layers by dequantizing the weight (MatMul8bitFp), which traces
+        return "LLM.int8 on a GPU (MatMul8bitLt) splits out outlier columns found in the values: no fake kernel"
     if job.deepspeed.stage is not None:
         return "DeepSpeed's engine partitions and casts the model itself; it cannot run on fake tensors"
     if job.fsdp.strategy is not None:
@@ -110,6 +109,7 @@ def to_fake(model, fake_mode):
             if p is not None:
                 if id(p) not in params:
                     params[id(p)] = torch.nn.Parameter(fake(p), requires_grad=p.requires_grad)
+                    params[id(p)].__dict__.update(p.__dict__)  # a bitsandbytes weight's quantization settings
                 module._parameters[name] = params[id(p)]
         for name, b in module._buffers.items():
             if b is not None:
@@ -142,7 +142,28 @@ def build_optimizer(plan, model, profile: HardwareConf):
     # parameter group (on the CPU: one tensor at a time). Ask for what the profile's device would do.
     if profile.device == "cuda" and "foreach" in inspect.signature(cls).parameters and "fused" not in kwargs:
         kwargs = {**kwargs, "foreach": True}
-    return cls(groups, **kwargs)
+    if not cls.__module__.startswith("bitsandbytes"):
+        return cls(groups, **kwargs)
+    return bitsandbytes_optimizer(cls, groups, kwargs, model)
+
+
+def bitsandbytes_optimizer(cls, groups, kwargs, model):
+    """A bitsandbytes optimizer on fake parameters, as Trainer.create_optimizer builds it. Its step runs
+    on fake tensors (every bitsandbytes op has a fake kernel); only its constructor computes values, the
+    two 256-entry quantization maps, so it runs outside fake mode and the maps become fake tensors."""
+    from bitsandbytes.optim import GlobalOptimManager
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    fake_mode = next(model.parameters()).fake_mode
+    with unset_fake_temporarily():
+        optimizer = cls(groups, **kwargs)
+    optimizer.name2qmap = {k: fake_mode.from_tensor(v) for k, v in optimizer.name2qmap.items()}
+    if kwargs.get("optim_bits") == 8:  # Trainer keeps every embedding's state in 32 bits
+        manager = GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return optimizer
 
 
 def fake_batch(model, micro_batch: int, seq_len: int, task: str) -> dict[str, torch.Tensor]:
@@ -182,10 +203,10 @@ def training_step(model, optimizer, batches, plan, max_grad_norm: float, accumul
 
 
 def state_bytes(optimizer) -> int:
-    """Bytes of optimizer state (measure.optimizer_state_bytes dedupes by data pointer, which is 0 for
-    every fake tensor; torch and transformers optimizers never share state storage)."""
-    return sum(v.untyped_storage().nbytes() for s in inner_optimizer(optimizer).state.values()
-               for v in s.values() if torch.is_tensor(v))
+    """Bytes of optimizer state, each tensor once (measure.optimizer_state_bytes dedupes by data pointer,
+    which is 0 for every fake tensor; bitsandbytes gives every parameter's state the same two maps)."""
+    unique = {id(v): v for s in inner_optimizer(optimizer).state.values() for v in s.values() if torch.is_tensor(v)}
+    return sum(v.untyped_storage().nbytes() for v in unique.values())
 
 
 @contextlib.contextmanager
@@ -200,7 +221,33 @@ def on_fake_tensors(model, plan, profile: HardwareConf):
         model = autocast_like_accelerate(model, dtype)
     kernels = cuda_kernels() if profile.device == "cuda" else contextlib.nullcontext()
     with torch.random.fork_rng(), fake_mode, kernels:
+        quantize_bitsandbytes(model)
         yield model
+
+
+def quantize_bitsandbytes(model) -> None:
+    """Quantize each bitsandbytes layer's fake weight as Params4bit / Int8Params do when moved to a
+    device (their _quantize), with bitsandbytes' own ops, whose fake kernels give the packed shapes. A
+    tensor subclass cannot wrap a fake tensor, so the weight becomes a frozen Parameter carrying what
+    the layer's forward reads: quant_state (4-bit); CB and SCB (8-bit)."""
+    import sys
+
+    if "bitsandbytes" not in sys.modules:  # nothing of it in the model
+        return
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if isinstance(module, bnb.nn.Linear4bit):
+            packed, state = F.quantize_4bit(w, blocksize=w.blocksize, compress_statistics=w.compress_statistics,
+                                            quant_type=w.quant_type, quant_storage=w.quant_storage)
+            module.weight = torch.nn.Parameter(packed, requires_grad=False)
+            module.weight.quant_state = module.quant_state = state
+        elif isinstance(module, bnb.nn.Linear8bitLt):
+            CB, SCB, _ = F.int8_vectorwise_quant(w.to(torch.float16))
+            module.weight = torch.nn.Parameter(CB, requires_grad=False)
+            module.weight.__dict__.update(CB=CB, SCB=SCB, has_fp16_weights=False)
 
 
 def trace(job: Config, profile: HardwareConf, plan, model) -> dict[str, Any]:
@@ -212,7 +259,7 @@ def trace(job: Config, profile: HardwareConf, plan, model) -> dict[str, Any]:
     if (reason := untraceable_reason(job, plan)) is not None:
         raise Untraceable(reason)
     mb, acc = plan.micro_batch_size, plan.accumulation_steps
-    with on_fake_tensors(model, plan, profile) as model:
+    with on_fake_tensors(model, plan, profile) as model, optim.own_bitsandbytes_overrides():
         optimizer = build_optimizer(plan, model, profile)
         # Warm-up, as the real ledger's step 1: one micro-batch and an optimizer step, which leaves the
         # optimizer state behind. Its FLOPs are counted here: FlopCounterMode must not run inside the
