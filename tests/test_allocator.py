@@ -299,3 +299,18 @@ def test_a_4bit_weight_brings_its_block_scales_and_8bit_state_its_maps_once():
     assert sizes[:5] == [128 * 256 // 2, 128 * 256 // 64 * 4, 16 * 4, 4096 * 128 * 4, workspace]
     state = sorted(sizes[6:])
     assert state == sorted([4096 * 128] * 2 + [4096 * 128 // 256 * 4] * 2 + [256 * 4] * 2), state
+
+
+def test_a_storage_resized_in_place_frees_its_block_and_takes_one_of_the_new_size():
+    # FSDP frees and re-gathers its unsharded parameters with Storage.resize_, which no op dispatch sees
+    import torch
+
+    from memsweep.estimate import capture
+
+    weight = torch.empty(1024)
+    with capture.Recorder([weight]) as recorder:
+        weight.untyped_storage().resize_(0)
+        weight.untyped_storage().resize_(8192)
+        fresh = torch.empty(0)
+        fresh.untyped_storage().resize_(2048)  # first seen at its new size
+    assert recorder.events == [("alloc", 0, 4096), ("free", 0), ("alloc", 1, 8192), ("alloc", 2, 2048)]

@@ -47,6 +47,25 @@ def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(shard
           f"{[r['optimizer_state_bytes'] for r in ranks]}; peak per rank {[r['memory']['peak_bytes'] for r in ranks]}")
 
 
+# A small decoder whose peak is in forward/backward, at a fixed length
+DECODER = ["task=causal_lm", "model=tiny-llama", "model.hidden_size=256", "model.intermediate_size=704",
+           "model.num_layers=4", "model.num_heads=8", "batch_size=4", "max_seq_len=128", "data.train_size=64",
+           "data.eval_size=32", "max_steps=3", "logger=none", "threads=1"]
+
+
+@pytest.mark.parametrize("option", ["fsdp=full_shard", "fsdp=shard_grad_op"])
+def test_the_estimate_of_fsdp_traces_rank_0_among_fake_ranks(option, tmp_path):
+    res = run_job(DECODER + [option, "distributed.nproc=2"], tmp_path / "job")
+    assert res["status"] == "ok", res["reason"]
+    est, rank0 = res["estimate"], res["memory"]["per_rank"][0]
+    assert est["method"] == "trace", est["method_reason"]
+    # the same units gathered and freed, the same half of the state: rank 0's peak to 1 %, where the
+    # closed form (which does not shard) is far off
+    assert est["peak_bytes"] == pytest.approx(rank0["memory"]["peak_bytes"], rel=0.01)
+    assert est["optimizer_bytes"] == rank0["optimizer_state_bytes"]
+    assert abs(est["closed_form_vs_trace_pct"]) > 10
+
+
 def test_a_rank_that_runs_out_of_memory_makes_the_job_oom_with_its_reason(tmp_path):
     res = run_job(BASE + ["distributed.nproc=2", "hardware=cpu", "hardware.memory_gib=0.001"], tmp_path / "job")
     # both ranks run out; whichever reports first gives the reason (a race on a loaded machine)

@@ -133,5 +133,28 @@ def test_an_estimate_of_a_sharded_job_leaves_the_process_clean(tmp_path, option)
     import torch.distributed as dist
 
     res = run_job(TINY + ["mode=estimate", option], tmp_path)
-    assert res["status"] == "ok" and res["estimate"]["method"] == "closed_form"  # sharding is not traced
+    # FSDP is traced in a fake process group of its own, DeepSpeed answered by the closed form
+    assert res["status"] == "ok" and res["estimate"]["method"] == ("trace" if option.startswith("fsdp") else "closed_form")
     assert not dist.is_initialized() and "WORLD_SIZE" not in os.environ
+
+
+def test_the_estimate_shards_by_the_number_of_processes():
+    import torch.distributed as dist
+    from conftest import job_of
+
+    from memsweep.estimate import capture, core
+
+    def estimate(n, *extra):
+        return core.estimate_job(*job_of(TINY + ["fsdp=full_shard", f"distributed.nproc={n}", *extra]))
+
+    one, two, four = (estimate(n) for n in (1, 2, 4))
+    assert all(e["method"] == "trace" for e in (one, two, four))
+    # rank 0 holds 1/N of the AdamW state (its shards are padded to whole rows)
+    for n, est in ((2, two), (4, four)):
+        assert est["optimizer_bytes"] == pytest.approx(one["optimizer_bytes"] / n, rel=0.01)
+    assert one["peak_bytes"] > two["peak_bytes"] > four["peak_bytes"]
+    assert not dist.is_initialized()  # the fake ranks' group is gone
+    # On a GPU profile the sharded parameters are counted once (a DTensor holds no memory of its own);
+    # whole 512-byte blocks add a little
+    gpu = estimate(2, "hardware=a100_40gb")
+    assert gpu["peak_bytes"] <= gpu["peak_allocated_bytes"] <= gpu["peak_bytes"] * 1.05 + capture.cublas_workspace_bytes()

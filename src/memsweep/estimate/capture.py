@@ -9,20 +9,23 @@ sees frees: the two count the same storages. Storages made before recording (the
 recorded when the Recorder is entered with them, or else when an op first reads them.
 
 Not seen by the dispatch mode, so added by hand: cuBLAS's workspace, which PyTorch allocates through
-the caching allocator at the first matmul and keeps (cublas_workspace_bytes). Not seen at all: the
-CUDA context (the profile's overhead), cuDNN's own workspaces and Storage.resize_ (used by FSDP,
-which the trace does not run).
+the caching allocator at the first matmul and keeps (cublas_workspace_bytes), and Storage.resize_,
+with which FSDP frees and re-allocates its unsharded parameters in place (patched while recording, as
+MemTracker does: a resize frees the storage's block and allocates one of the new size). Not seen at
+all: the CUDA context (the profile's overhead) and cuDNN's own workspaces.
 """
+import itertools
 import os
 import re
 import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import sharded
 from .allocator import Options, replay
 
 
@@ -33,8 +36,10 @@ class Recorder(TorchDispatchMode):
         super().__init__()
         self.events: list[tuple] = []
         self.seed = list(tensors)  # alive before recording: allocated first, in this order
-        self.seen = WeakIdKeyDictionary()  # storage -> key; holds no storage alive
+        self.seen = WeakIdKeyDictionary()  # storage -> [its block's key, or None]; holds no storage alive
         self.finalizers: list[weakref.finalize] = []
+        self.keys = itertools.count()
+        self.resize = None
 
     def __enter__(self):
         for n, t in enumerate(self.seed):
@@ -43,24 +48,52 @@ class Recorder(TorchDispatchMode):
             else:
                 self.see(t)
         self.seed = []
+        self.resize = torch.UntypedStorage.resize_
+
+        def resize_(storage, size):
+            self.resize(storage, size)
+            self.resized(storage)
+
+        torch.UntypedStorage.resize_ = resize_
         return super().__enter__()
 
     def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self.resize
         # what dies after recording is not part of it
         for f in self.finalizers:
             f.detach()
         return super().__exit__(*exc)
 
     def see(self, t) -> None:
-        if not isinstance(t, torch.Tensor):
+        # a wrapper subclass (FSDP's DTensor) holds no memory of its own: its inner tensors do, and
+        # they are seen when its own dispatch runs the op on them
+        if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t):
+            self.see_storage(t.untyped_storage())
+
+    def see_storage(self, storage) -> list:
+        if storage not in self.seen:
+            self.seen[storage] = block = [None]
+            self.allocate(block, storage.nbytes())
+            self.finalizers.append(weakref.finalize(storage, self.release, block))
+        return self.seen[storage]
+
+    def allocate(self, block: list, nbytes: int) -> None:
+        if nbytes:  # an empty storage holds no block (the allocator returns no memory for 0 bytes)
+            block[0] = next(self.keys)
+            self.events.append(("alloc", block[0], nbytes))
+
+    def release(self, block: list) -> None:
+        if block[0] is not None:
+            self.events.append(("free", block[0]))
+            block[0] = None
+
+    def resized(self, storage) -> None:
+        if storage not in self.seen:
+            self.see_storage(storage)  # first seen now, at its new size
             return
-        storage = t.untyped_storage()
-        if storage in self.seen:
-            return
-        key = len(self.finalizers)  # one finalizer per storage seen: a new key each time
-        self.seen[storage] = key
-        self.events.append(("alloc", key, storage.nbytes()))
-        self.finalizers.append(weakref.finalize(storage, self.events.append, ("free", key)))
+        block = self.seen[storage]
+        self.release(block)
+        self.allocate(block, storage.nbytes())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -95,10 +128,11 @@ def alive_at_step(model, optimizer) -> list:
                 yield from quantization_state(t)
         yield from (t for t in module._buffers.values() if t is not None)
 
-    params = list(load_order(model))
-    grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
+    params = [sharded.local(t) for t in load_order(model)]
+    grads = [sharded.local(p.grad) for p in load_order(model) if getattr(p, "grad", None) is not None]
     # bitsandbytes gives every parameter's state the same quantization maps: each tensor once
-    state = list({id(v): v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)}.values())
+    state = list({id(v): sharded.local(v) for s in optimizer.state.values() for v in s.values()
+                  if isinstance(v, torch.Tensor)}.values())
     return params + [cublas_workspace_bytes()] + grads + state
 
 

@@ -16,7 +16,7 @@ import torch
 from ..measure import LedgerTracker, inner_optimizer, ledger_reading
 from ..schema import Config, HardwareConf
 from ..techniques import optim
-from . import capture
+from . import capture, sharded
 
 
 class Untraceable(Exception):
@@ -29,8 +29,10 @@ def untraceable_reason(job: Config, plan) -> Optional[str]:
         return "LLM.int8 on a GPU (MatMul8bitLt) splits out outlier columns found in the values: no fake kernel"
     if job.deepspeed.stage is not None:
         return "DeepSpeed's engine partitions and casts the model itself; it cannot run on fake tensors"
-    if job.fsdp.strategy is not None:
-        return "FSDP shards across processes; not traced"
+    if job.fsdp.strategy is not None and job.fsdp.offload:
+        return "FSDP's CPU offload keeps parameters in host memory, which a trace on the CPU cannot tell apart"
+    if job.fsdp.strategy is not None and job.lora.enabled and job.lora.quantize.value != "none":
+        return "FSDP with bitsandbytes-quantized layers is not traced"
     if job.offload.activations:
         return "save_on_cpu copies to pinned host memory, which a CPU-only torch cannot fake"
     return None
@@ -118,22 +120,29 @@ def to_fake(model, fake_mode):
     return model
 
 
+def training_arguments(plan, keys: tuple[str, ...]):
+    """TrainingArguments of the plan's `keys`, on the CPU: what Trainer derives from them."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=tempfile.gettempdir(), use_cpu=True, report_to="none",
+                             **{k: plan.args[k] for k in keys if k in plan.args})
+
+
 def optimizer_spec(plan, model):
     """(optimizer class, its kwargs, the TrainingArguments) as Trainer would choose them."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
-    keys = ("optim", "optim_args", "learning_rate", "weight_decay")
-    args = TrainingArguments(output_dir=tempfile.gettempdir(), use_cpu=True, report_to="none",
-                             **{k: plan.args[k] for k in keys if k in plan.args})
+    args = training_arguments(plan, ("optim", "optim_args", "learning_rate", "weight_decay"))
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     return cls, kwargs, args
 
 
-def build_optimizer(plan, model, profile: HardwareConf):
-    """The optimizer Trainer.create_optimizer would build: its class, kwargs and parameter groups."""
+def build_optimizer(plan, model, profile: HardwareConf, spec=None):
+    """The optimizer Trainer.create_optimizer would build: its class, kwargs and parameter groups
+    (`spec`: optimizer_spec's answer, when it was asked before the model was sharded)."""
     from transformers import Trainer
 
-    cls, kwargs, args = optimizer_spec(plan, model)
+    cls, kwargs, args = spec or optimizer_spec(plan, model)
     decay = set(Trainer.get_decay_parameter_names(None, model))  # does not use `self`
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
@@ -183,17 +192,18 @@ def training_step(model, optimizer, batches, plan, max_grad_norm: float, accumul
     fp16 autocast on the CPU wraps the whole call, see trainer.py; Accelerate's is in model.forward)."""
     dtype = plan.autocast_dtype
     with around_micro_batches():
-        for batch in batches:
-            with contextlib.ExitStack() as stack:
-                if dtype is not None:
-                    stack.enter_context(torch.autocast("cpu", dtype=dtype))
-                for make_context in plan.forward_contexts:
-                    stack.enter_context(make_context())
-                loss = model(**batch).loss
-            loss = loss / accumulation
-            if plan.grad_scaler or plan.args.get("fp16"):
-                loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
-            loss.backward()
+        for n, batch in enumerate(batches):
+            with sharded.no_sync(model, sync=n == len(batches) - 1):
+                with contextlib.ExitStack() as stack:
+                    if dtype is not None:
+                        stack.enter_context(torch.autocast("cpu", dtype=dtype))
+                    for make_context in plan.forward_contexts:
+                        stack.enter_context(make_context())
+                    loss = model(**batch).loss
+                loss = loss / accumulation
+                if plan.grad_scaler or plan.args.get("fp16"):
+                    loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
+                loss.backward()
     if optimizer is None:
         return
     if max_grad_norm > 0:
@@ -205,7 +215,8 @@ def training_step(model, optimizer, batches, plan, max_grad_norm: float, accumul
 def state_bytes(optimizer) -> int:
     """Bytes of optimizer state, each tensor once (measure.optimizer_state_bytes dedupes by data pointer,
     which is 0 for every fake tensor; bitsandbytes gives every parameter's state the same two maps)."""
-    unique = {id(v): v for s in inner_optimizer(optimizer).state.values() for v in s.values() if torch.is_tensor(v)}
+    unique = {id(v): sharded.local(v) for s in inner_optimizer(optimizer).state.values() for v in s.values()
+              if torch.is_tensor(v)}  # FSDP's: this rank's shard
     return sum(v.untyped_storage().nbytes() for v in unique.values())
 
 
@@ -215,12 +226,19 @@ def on_fake_tensors(model, plan, profile: HardwareConf):
     the GPU's kernels: what the trace and the FLOP count both run under."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    fake_mode = FakeTensorMode()
-    model = to_fake(model, fake_mode)
+    from torch.distributed.tensor import DTensor
+
+    # FSDP's sharded parameters (DTensors on meta) are made fake by to_empty, which reads the meta ones
+    is_sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=is_sharded)
+    if not is_sharded:
+        model = to_fake(model, fake_mode)
     if (dtype := accelerate_dtype(plan)) is not None:
         model = autocast_like_accelerate(model, dtype)
     kernels = cuda_kernels() if profile.device == "cuda" else contextlib.nullcontext()
     with torch.random.fork_rng(), fake_mode, kernels:
+        if is_sharded:
+            model.to_empty(device="cpu").train()
         quantize_bitsandbytes(model)
         yield model
 
@@ -259,8 +277,16 @@ def trace(job: Config, profile: HardwareConf, plan, model) -> dict[str, Any]:
     if (reason := untraceable_reason(job, plan)) is not None:
         raise Untraceable(reason)
     mb, acc = plan.micro_batch_size, plan.accumulation_steps
-    with on_fake_tensors(model, plan, profile) as model, optim.own_bitsandbytes_overrides():
-        optimizer = build_optimizer(plan, model, profile)
+    # TrainingArguments asked for outside the fake process group (inside, they warn it is not theirs)
+    spec = optimizer_spec(plan, model)
+    with contextlib.ExitStack() as stack:
+        if job.fsdp.strategy is not None:  # rank 0 of nproc, wrapped as Accelerate wraps the real job
+            args = training_arguments(plan, ("fsdp", "fsdp_config", "bf16", "fp16"))
+            stack.enter_context(sharded.fake_process_group(plan.nproc))
+            model = sharded.shard(model, args.fsdp_plugin_args, accelerate_dtype(plan))
+        model = stack.enter_context(on_fake_tensors(model, plan, profile))
+        stack.enter_context(optim.own_bitsandbytes_overrides())
+        optimizer = build_optimizer(plan, model, profile, spec)
         # Warm-up, as the real ledger's step 1: one micro-batch and an optimizer step, which leaves the
         # optimizer state behind. Its FLOPs are counted here: FlopCounterMode must not run inside the
         # measured step (under checkpointing it keeps recomputed activations alive: a false peak).
