@@ -162,15 +162,15 @@ def torchtitan(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 
 def litgpt_fsdp(row: dict[str, Any], common: dict[str, Any]) -> Job:
-    # memsweep traces FSDP at its world size; these per-rank figures are not what sharding leaves. For
-    # the same LoRA job the 2-GPU FSDP figure is above the 1-GPU one without FSDP (Llama-2-7B, micro-batch
-    # 1: 22.18 GB against 21.30 GB), about a whole unsharded bf16 model more than a rank's shard. The
-    # cause is not established: lit-gpt ran FSDP1 through Lightning 2.1.0rc0, loaded the checkpoint with
-    # FSDP1's full-state-dict load on every rank (rank0_only=False), and reports the whole run's peak.
-    raise NotModelled(f"FSDP over {row['gpus']}: the per-rank peak is above the same job's 1-GPU figure without "
-                      "FSDP (about a whole unsharded bf16 model more than a rank's shard; cause not established: "
-                      "lit-gpt's FSDP1 with a full-state-dict checkpoint load on every rank, whole-run peak); "
-                      "memsweep traces its own FSDP2 training step")
+    # memsweep traces FSDP at its world size; these per-rank figures are not what sharding leaves. Each
+    # is above a whole unsharded bf16 model plus the rank's shard (Llama-2-7B on 2 GPUs: 20.66 GiB against
+    # 12.55 + 6.28), and for 7B the 2-GPU figure is above the same job's on one GPU without FSDP (22.18
+    # against 21.30 GB). The cause is not established: lit-gpt ran FSDP1 through Lightning 2.1.0rc0,
+    # loaded the checkpoint with FSDP1's full-state-dict load on every rank (rank0_only=False), and
+    # reports the whole run's peak.
+    raise NotModelled(f"FSDP over {row['gpus']}: the per-rank peak is above a whole unsharded bf16 model plus the "
+                      "rank's shard (cause not established: lit-gpt's FSDP1 with a full-state-dict checkpoint load "
+                      "on every rank, whole-run peak); memsweep traces its own FSDP2 training step")
 
 
 TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], Job]] = {
