@@ -92,7 +92,7 @@ gpu-check: $(STAMP)
 
 # The estimator against published GPU memory measurements (benchmarks/published/, one YAML per source
 # with its set-up and counter): predicted vs published per row on the counter the source reports, the
-# error, and the rows memsweep cannot express with the reason. Offline, about 4-6 min (the 7B decoder
+# error, and the rows memsweep cannot express with the reason. Offline, about 7 min (the 7B decoder
 # rows are traced, ~20 s each); exit 1 when a modelled row is off by more than 10 %.
 validate-estimates: $(STAMP)
 	$(PY) benchmarks/validate_estimates.py
