@@ -225,7 +225,6 @@ def on_fake_tensors(model, plan, profile: HardwareConf):
     """The meta model on fake CPU tensors, autocast as Accelerate applies it, and for a CUDA profile
     the GPU's kernels: what the trace and the FLOP count both run under."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
     from torch.distributed.tensor import DTensor
 
     # FSDP's sharded parameters (DTensors on meta) are made fake by to_empty, which reads the meta ones
