@@ -3,7 +3,7 @@ process like plain PyTorch, offload is generated for GPUs and refused here by a 
 import os
 
 import pytest
-from conftest import TINY, compose_config, run_job, train_logging_every_step
+from conftest import TINY, compose_config, job_of, run_job, train_logging_every_step
 from omegaconf import OmegaConf
 
 from memsweep import hardware, procenv
@@ -140,7 +140,6 @@ def test_an_estimate_of_a_sharded_job_leaves_the_process_clean(tmp_path, option)
 
 def test_the_estimate_shards_by_the_number_of_processes():
     import torch.distributed as dist
-    from conftest import job_of
 
     from memsweep.estimate import capture, core
 

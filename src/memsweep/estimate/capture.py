@@ -128,8 +128,9 @@ def alive_at_step(model, optimizer) -> list:
                 yield from quantization_state(t)
         yield from (t for t in module._buffers.values() if t is not None)
 
-    params = [sharded.local(t) for t in load_order(model)]
-    grads = [sharded.local(p.grad) for p in load_order(model) if getattr(p, "grad", None) is not None]
+    loaded = list(load_order(model))
+    params = [sharded.local(t) for t in loaded]
+    grads = [sharded.local(p.grad) for p in loaded if getattr(p, "grad", None) is not None]
     # bitsandbytes gives every parameter's state the same quantization maps: each tensor once
     state = list({id(v): sharded.local(v) for s in optimizer.state.values() for v in s.values()
                   if isinstance(v, torch.Tensor)}.values())

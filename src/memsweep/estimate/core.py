@@ -72,9 +72,13 @@ def estimate_job(job: Config, profile: HardwareConf, trace_enabled: bool = True,
         closed_reason = str(exc)
     key = device_key(job, profile) if memo is not None else None
     if trace_enabled:
-        quantized = job.lora.enabled and job.lora.quantize.value != "none"  # the trace runs bitsandbytes' layers
-        traced_model = meta_model(job, plan, config, quantized=True) if quantized else model
-        traced, reason = _once(memo, ("trace", key), lambda: _trace_or_reason(job, profile, plan, traced_model))
+        def traced_step():
+            # the trace runs bitsandbytes' own layers: a model of its own where the plan quantizes
+            quantized = "quantization_config" in plan.load_kwargs
+            traced_model = meta_model(job, plan, config, quantized=True) if quantized else model
+            return _trace_or_reason(job, profile, plan, traced_model)
+
+        traced, reason = _once(memo, ("trace", key), traced_step)
     else:
         traced, reason = None, "trace disabled"
     chosen = traced or closed

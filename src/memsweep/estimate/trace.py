@@ -137,12 +137,12 @@ def optimizer_spec(plan, model):
     return cls, kwargs, args
 
 
-def build_optimizer(plan, model, profile: HardwareConf, spec=None):
+def build_optimizer(plan, model, profile: HardwareConf, spec):
     """The optimizer Trainer.create_optimizer would build: its class, kwargs and parameter groups
-    (`spec`: optimizer_spec's answer, when it was asked before the model was sharded)."""
+    (`spec`: optimizer_spec's answer, asked before the model is sharded)."""
     from transformers import Trainer
 
-    cls, kwargs, args = spec or optimizer_spec(plan, model)
+    cls, kwargs, args = spec
     decay = set(Trainer.get_decay_parameter_names(None, model))  # does not use `self`
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},

@@ -19,7 +19,8 @@ class Traits:
 
     @property
     def bitsandbytes(self) -> bool:
-        """Stepped by bitsandbytes' own kernels (which read values: no fake tensors, no DTensor, no ZeRO)."""
+        """Stepped by bitsandbytes' own kernels (no DTensor, no ZeRO; on fake tensors only with the
+        quantization maps made outside fake mode, estimate/trace.py)."""
         return self.state_bits == 8 or self.paged
 
 
