@@ -34,7 +34,7 @@ test: $(STAMP)
 # printed first. SWEEP=<sweep dir> resumes that sweep (jobs already done are skipped); ARGS adds
 # overrides (e.g. ARGS="hydra/launcher=parallel"); PRECISIONS=fp32,bf16 forces the precision axis.
 PRECISIONS ?=
-SWEEP_GRID = precision=$(or $(PRECISIONS),$$($(PY) -m memsweep.hardware sweep-precisions)) optim=adamw,adafactor \
+SWEEP_GRID = precision=$(or $(PRECISIONS),$$($(PY) -m memsweep.config.hardware sweep-precisions)) optim=adamw,adafactor \
 	data.train_size=2000
 # The classic T4 memory grid (precision x optimizer x checkpointing x accumulation); bf16 jobs are
 # recorded as unsupported by the rule (a T4 has no bf16), not run.
@@ -100,7 +100,7 @@ validate-estimates: $(STAMP)
 # Rebuild summary.csv/.md, memory.png, tradeoff.png of a sweep, finished or not:
 # make report SWEEP=multirun/<date>/<time> [BASELINE=<job number or overrides>] [WANDB=1]
 report: $(STAMP)
-	@$(PY) -m memsweep.report "$(SWEEP)" $(if $(BASELINE),--baseline "$(BASELINE)") $(if $(WANDB),--wandb)
+	@$(PY) -m memsweep.sweep.report "$(SWEEP)" $(if $(BASELINE),--baseline "$(BASELINE)") $(if $(WANDB),--wandb)
 
 # Upload the offline W&B runs (every sweep and run, or only SWEEP=<dir>) once online and logged in.
 WANDB_RUNS = find $(or $(SWEEP),multirun outputs) -type d -name 'offline-run-*' -path '*/wandb/*' \

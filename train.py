@@ -4,8 +4,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from memsweep.hydra_speed import share_config_store_in_repository_copies
-from memsweep.schema import register_configs
+from memsweep.config.hydra_speed import share_config_store_in_repository_copies
+from memsweep.config.schema import register_configs
 
 register_configs()
 share_config_store_in_repository_copies()  # `--help` in ~1 s instead of 4+ (see the module)
@@ -13,8 +13,8 @@ share_config_store_in_repository_copies()  # `--help` in ~1 s instead of 4+ (see
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from memsweep.job import run  # imported here so `--help` and `--cfg job` answer fast
-    from memsweep.search import objective
+    from memsweep.run.job import run  # imported here so `--help` and `--cfg job` answer fast
+    from memsweep.sweep.search import objective
 
     # The return value is what a hyperparameter sweeper (hparams_search=optuna) maximises.
     return objective(run(cfg), cfg.search)
@@ -22,7 +22,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     from memsweep.errors import EXIT_CODES, ConfigError
-    from memsweep.validate import group_options
+    from memsweep.config.validate import group_options
 
     try:
         group_options(sys.argv[1:])

@@ -75,8 +75,8 @@ def export_data(work: Path) -> tuple[Path, str, dict]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from memsweep import data, model
-    from memsweep.schema import register_configs
+    from memsweep.run import data, model
+    from memsweep.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -20,7 +20,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 
-from memsweep import sweep  # noqa: E402
+from memsweep.sweep import sweepdir  # noqa: E402
 
 GRID = ["precision=fp32,fp16,bf16", "optim=adamw,adamw_8bit,adafactor", "checkpointing=none,full"]
 MODELS = {
@@ -51,11 +51,11 @@ def _error(predicted: Optional[float], measured: Optional[float]) -> str:
     return "–" if not predicted or not measured else f"{100 * (predicted - measured) / measured:+.1f} %"
 
 
-def rows(model: str, jobs: list[sweep.SweepJob]) -> list[dict[str, Any]]:
+def rows(model: str, jobs: list[sweepdir.SweepJob]) -> list[dict[str, Any]]:
     """One row per job of a model's sweep: what varied, the status, the counters and the audit."""
     out = []
     for job in jobs:
-        row: dict[str, Any] = {"model": model, **sweep.as_dict(job.overrides), "status": job.status}
+        row: dict[str, Any] = {"model": model, **sweepdir.as_dict(job.overrides), "status": job.status}
         for name, (predicted_key, measured_key) in COUNTERS.items():
             predicted, measured = job.get(predicted_key), job.get(measured_key)
             row[f"{name} predicted GiB"] = _gib(predicted)
@@ -104,7 +104,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         command = [sys.executable, "train.py", "-m", *GRID, *overrides, *SMALL, f"hydra.sweep.dir={sweep_dir}"]
         print("gpu-check: " + " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=ROOT)  # a failed job is a row; the sweep's own exit code is not ours
-        all_rows += rows(model, sweep.collect(sweep_dir))
+        all_rows += rows(model, sweepdir.collect(sweep_dir))
     write_report(args.out, all_rows, gpu, "make gpu-check")
     print(f"gpu-check: {args.out}")
     return 0

@@ -47,7 +47,7 @@ def compose_job(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from memsweep.schema import register_configs
+    from memsweep.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -117,8 +117,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from omegaconf import OmegaConf
 
-    from memsweep import hardware, wandb_log
-    from memsweep.train_loop import build, release
+    from memsweep.config import hardware
+    from memsweep.sweep import wandb_log
+    from memsweep.run.train_loop import build, release
 
     overrides = [f"max_steps={args.steps}", *args.override]
     cfg, job = compose_job(overrides)

@@ -109,7 +109,7 @@ def estimate(overrides: list[str], cache: dict) -> dict[str, Any]:
     """One estimate per distinct job (several published rows can be the same job)."""
     key = tuple(overrides)
     if key not in cache:
-        from memsweep import hardware, validate
+        from memsweep.config import hardware, validate
         from memsweep.estimate.__main__ import compose
         from memsweep.estimate.activations import NoClosedForm
         from memsweep.estimate.core import estimate_job

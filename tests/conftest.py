@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
-from memsweep.schema import register_configs  # noqa: E402
+from memsweep.config.schema import register_configs  # noqa: E402
 
 register_configs()
 
@@ -57,7 +57,7 @@ def job_of(overrides):
     """The typed job config of the overrides and its hardware profile, as the estimator takes them."""
     from omegaconf import OmegaConf
 
-    from memsweep import hardware
+    from memsweep.config import hardware
 
     job = OmegaConf.to_object(compose_config(overrides))
     return job, hardware.detect(job.hardware)
@@ -67,8 +67,8 @@ def run_job(overrides, job_dir: Path, multirun: bool = False, exits: bool = Fals
     """Run one real job in this process (as Hydra's basic launcher does) and return its results, also
     when a single run ends otherwise than ok and exits with its status's code (`exits=True`: the
     SystemExit is raised to the test instead)."""
-    from memsweep import results
-    from memsweep.job import run
+    from memsweep.run import results
+    from memsweep.run.job import run
 
     try:
         return run(compose_config(overrides, job_dir, multirun))
@@ -100,8 +100,8 @@ def build_job(overrides, job_dir: Path):
     """The real, built job (trainer, data, ledger) for a composed config, without running it."""
     from omegaconf import OmegaConf
 
-    from memsweep import hardware
-    from memsweep.train_loop import build
+    from memsweep.config import hardware
+    from memsweep.run.train_loop import build
 
     job = OmegaConf.to_object(compose_config(overrides, job_dir))
     return build(job, hardware.detect(job.hardware), job_dir)
@@ -110,7 +110,7 @@ def build_job(overrides, job_dir: Path):
 def train_logging_every_step(overrides, job_dir: Path):
     """Build and train a job, logging every step: (the logged losses, the built job, still to be
     released by the caller; released here if training raises)."""
-    from memsweep.train_loop import release
+    from memsweep.run.train_loop import release
 
     built = build_job(overrides, job_dir)
     built.trainer.args.logging_steps = 1

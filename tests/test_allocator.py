@@ -236,7 +236,7 @@ def test_a_gpu_profile_estimate_reports_what_the_allocator_reserves():
     from conftest import compose_config
     from omegaconf import OmegaConf
 
-    from memsweep import hardware
+    from memsweep.config import hardware
     from memsweep.estimate import capture, core
 
     def estimate(overrides):

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import compose_config
-from memsweep import model, structure
+from memsweep.run import model, structure
 from memsweep.errors import ConfigError
-from memsweep.schema import ModelConf, ModelSource
+from memsweep.config.schema import ModelConf, ModelSource
 
 
 def _meta(model_type: str, causal: bool, **keys):
@@ -72,7 +72,8 @@ def test_a_model_that_cannot_be_sized_is_one_clear_message(cfg, key, says):
 def test_the_estimate_counts_a_tied_head_once():
     from omegaconf import OmegaConf
 
-    from memsweep import hardware, plan as plan_mod
+    from memsweep.config import hardware
+    from memsweep.run import plan as plan_mod
     from memsweep.estimate import arch
     from memsweep.estimate.inventory import inventory
 

@@ -32,7 +32,7 @@ def test_help_and_cfg_import_no_heavy_library(argv):
 
 def test_help_is_the_same_with_the_shared_config_store():
     fast, _ = _run("--help")
-    stock, _ = _run(code="import sys, runpy; import memsweep.hydra_speed as h; "
+    stock, _ = _run(code="import sys, runpy; import memsweep.config.hydra_speed as h; "
                          "h.share_config_store_in_repository_copies = lambda: None; "
                          "sys.argv = ['train.py', '--help']; runpy.run_path('train.py', run_name='__main__')")
     assert fast == stock and "optim: adafactor, adamw" in fast

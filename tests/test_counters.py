@@ -6,7 +6,7 @@ from types import ModuleType, SimpleNamespace
 
 import torch
 
-from memsweep import counters
+from memsweep.measure import counters
 
 
 def fake_nvml(monkeypatch, used: int, processes=None) -> list:

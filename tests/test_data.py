@@ -4,9 +4,9 @@ import time
 import pandas as pd
 import pytest
 
-from memsweep import data
+from memsweep.run import data
 from memsweep.errors import ConfigError
-from memsweep.schema import DataConf, DataSource
+from memsweep.config.schema import DataConf, DataSource
 
 
 def tweets(**kw) -> DataConf:
@@ -98,7 +98,7 @@ def test_unreachable_hub_fails_fast_with_a_clear_message():
 def test_tokenised_data_is_cached_per_process():
     from transformers import AutoTokenizer
 
-    from memsweep.model import embedded_minilm_path
+    from memsweep.run.model import embedded_minilm_path
 
     tok = AutoTokenizer.from_pretrained(embedded_minilm_path())
     first = data.load(tweets(train_size=300, eval_size=100), 0, tok, 64)

@@ -1,6 +1,6 @@
 """dataloader: what the loader Trainer iterates really used, and length-grouped batches that lose nothing."""
 
-from memsweep.trainer import LengthBucketSampler
+from memsweep.run.trainer import LengthBucketSampler
 
 
 def test_fast_loader_uses_worker_processes_and_pinned_memory(tiny_job, tmp_path):

@@ -251,8 +251,8 @@ def test_a_decoder_classifier_reads_the_last_token_before_the_padding(tmp_path):
 def test_hub_code_loads_a_decoder_from_a_local_folder(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memsweep import model
-    from memsweep.schema import ModelConf, ModelSource
+    from memsweep.run import model
+    from memsweep.config.schema import ModelConf, ModelSource
 
     folder = tmp_path / "llama"
     tiny = ModelConf(source=ModelSource.tiny, architecture="llama", hidden_size=32, num_layers=2, num_heads=4,
@@ -277,7 +277,7 @@ def test_hub_code_loads_a_decoder_from_a_local_folder(tmp_path):
 
 
 def test_int8_lora_with_fsdp_is_refused_with_its_reason(tmp_path):
-    from memsweep import rules
+    from memsweep.config import rules
 
     res = run_job(LLAMA + ["lora=int8", "fsdp=full_shard"], tmp_path)
     reason = next(r.reason for r in rules.RULES if r.name == "int8-with-fsdp")

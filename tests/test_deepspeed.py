@@ -6,7 +6,7 @@ EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
 
 
 def _losses(overrides, job_dir):
-    from memsweep.train_loop import release
+    from memsweep.run.train_loop import release
 
     losses, built = train_logging_every_step(EXACT + overrides, job_dir)
     release(built)

@@ -81,7 +81,7 @@ def test_slurm_style_tasks_run_the_ranks_instead_of_torchrun(tmp_path):
 
     from conftest import ROOT
 
-    from memsweep import results
+    from memsweep.run import results
 
     sweep = tmp_path / "sweep"
     done = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2",

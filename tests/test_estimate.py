@@ -9,7 +9,8 @@ import json
 import pytest
 from conftest import THREADS, compose_config, job_of
 
-from memsweep import results, sweep
+from memsweep.run import results
+from memsweep.sweep import sweepdir
 from memsweep.estimate import __main__ as cli
 from memsweep.estimate import autofit, core, table
 from memsweep.errors import Unsupported
@@ -27,7 +28,7 @@ EIGHT_BIT = ["precision=fp32", "optim=adamw_8bit", "checkpointing=none"]
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """(overrides, real results) for every row: each real job stores its own estimate, made before training."""
-    from memsweep.job import run
+    from memsweep.run.job import run
 
     rows = []
     for n, overrides in enumerate(GRID + [EIGHT_BIT]):
@@ -120,8 +121,8 @@ def test_hub_model_on_a_gpu_profile_offline(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert cli.main(["--out", str(out), "-m", "model=bert-base", "hardware=t4",
                           "precision=fp16,bf16", "optim=adamw,adamw_8bit"]) == 0
-    rows = [json.loads((out / str(n) / sweep.ESTIMATE_FILE).read_text()) for n in (0, 1)]
-    assert not (out / "2" / sweep.ESTIMATE_FILE).exists()
+    rows = [json.loads((out / str(n) / sweepdir.ESTIMATE_FILE).read_text()) for n in (0, 1)]
+    assert not (out / "2" / sweepdir.ESTIMATE_FILE).exists()
     assert json.loads((out / "2" / "status.json").read_text())["status"] == "unsupported"
     adamw, adamw_8bit = rows
     assert adamw["method"] == "trace" and adamw["architecture_source"] == "model config keys"

@@ -6,9 +6,10 @@ import pytest
 from conftest import TINY, compose_config, job_of, run_job, train_logging_every_step
 from omegaconf import OmegaConf
 
-from memsweep import hardware, procenv
-from memsweep.plan import build_plan
-from memsweep.train_loop import release, training_arguments
+from memsweep.config import hardware
+from memsweep.run import procenv
+from memsweep.run.plan import build_plan
+from memsweep.run.train_loop import release, training_arguments
 
 EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
 WORD_EMBEDDING_BYTES = 30522 * 64 * 4  # model=tiny: vocab x hidden, fp32
@@ -50,7 +51,7 @@ def test_no_fsdp_leaves_trainer_arguments_alone():
 def test_the_encoder_layer_is_the_wrapped_unit(tmp_path):
     try:
         job, plan = _plan(["fsdp=full_shard"])
-        from memsweep import model as model_mod
+        from memsweep.run import model as model_mod
 
         plan.transform(model_mod.load_model(job.model, 2, plan.load_kwargs))
         assert plan.args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["BertLayer"]

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memsweep import hardware
+from memsweep.config import hardware
 from memsweep.techniques import precision
-from memsweep.schema import HardwareConf
+from memsweep.config.schema import HardwareConf
 
 
 def fake_gpu(monkeypatch, name: str, gib: float, major: int, bf16: bool):
@@ -90,7 +90,8 @@ def test_the_sweep_summary_marks_emulated_times(tmp_path):
 
     from test_report import make_sweep, ok_results
 
-    from memsweep import report, results
+    from memsweep.sweep import report
+    from memsweep.run import results
 
     sweep = make_sweep(tmp_path / "sweep", {0: (1.0, 100.0, 0.85), 1: (0.75, 500.0, 0.84)},
                        grid=["precision=fp32,bf16", "model=tiny"])

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, TINY, build_job, run_job
 from wandb_records import find_run_file, run_contents
 
-from memsweep import results
+from memsweep.run import results
 
 REQUIRED = {
     "metrics": ["f1", "accuracy", "train_loss", "eval_loss"],
@@ -48,7 +48,7 @@ def test_metrics_are_the_evaluations_of_the_trained_model(tiny_result, tmp_path)
     # predictions, scored here, must give exactly the stored metrics.
     from sklearn.metrics import accuracy_score, f1_score
 
-    from memsweep.train_loop import release
+    from memsweep.run.train_loop import release
 
     res, _ = tiny_result
     built = build_job(TINY, tmp_path / "again")
@@ -145,8 +145,8 @@ def test_online_without_a_server_falls_back_to_offline_fast(tmp_path, monkeypatc
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # closed port on loopback
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    from memsweep import wandb_log
-    from memsweep.schema import LoggerConf
+    from memsweep.sweep import wandb_log
+    from memsweep.config.schema import LoggerConf
 
     started = time.perf_counter()
     run = wandb_log.start(LoggerConf(init_timeout_s=5), tmp_path, group="g", name="n", job_type="train",

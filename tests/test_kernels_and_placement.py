@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import TINY, build_job, compose_config
 
-from memsweep import hardware
-from memsweep.schema import HardwareConf
+from memsweep.config import hardware
+from memsweep.config.schema import HardwareConf
 
 
 def test_eager_attention_holds_more_activation_bytes_than_sdpa(tiny_job, tmp_path):

@@ -8,7 +8,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed._tools.mod_tracker import ModTracker
 
-from memsweep.measure import CATEGORIES, LedgerTracker, _NoHook, optimizer_state_bytes
+from memsweep.measure.ledger import CATEGORIES, LedgerTracker, _NoHook, optimizer_state_bytes
 
 BATCH, IN, HIDDEN, OUT = 8, 16, 32, 4
 F32 = 4  # bytes per float32 value

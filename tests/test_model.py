@@ -3,9 +3,9 @@ import time
 
 import pytest
 
-from memsweep import model
+from memsweep.run import model
 from memsweep.errors import ConfigError
-from memsweep.schema import ModelConf, ModelSource
+from memsweep.config.schema import ModelConf, ModelSource
 
 
 def test_embedded_minilm_is_the_pretrained_22m_model():

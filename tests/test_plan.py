@@ -8,8 +8,8 @@ import pytest
 from conftest import TINY, compose_config
 from omegaconf import OmegaConf
 
-from memsweep import hardware
-from memsweep.plan import build_plan
+from memsweep.config import hardware
+from memsweep.run.plan import build_plan
 
 TECHNIQUES = Path(__file__).resolve().parents[1] / "src" / "memsweep" / "techniques"
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import ROOT, THREADS, TINY, run_job
 
-from memsweep import eta, progress
+from memsweep.measure import eta, progress
 
 # Tiny jobs with enough steps and eval batches that printing every one would exceed a line per tenth.
 MANY_STEPS = ["batch_size=4", "data.train_size=80", "data.eval_size=48", "eval_batch_size=4", "max_seq_len=32",
@@ -76,14 +76,14 @@ def test_durations_read_as_a_person_says_them():
 def test_a_sweeps_size_and_eta_come_from_its_grid_and_its_finished_jobs(capsys):
     from omegaconf import OmegaConf
 
-    from memsweep import sweep
-    from memsweep.callbacks import JobProgress
+    from memsweep.sweep import sweepdir
+    from memsweep.sweep.callbacks import JobProgress
 
     basic_sweeper = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
     basic = OmegaConf.create({"hydra": {"sweeper": {"_target_": basic_sweeper, "params": {"optim": "adamw,sgd"}},
                                         "overrides": {"task": ["seed=1,2", "model=tiny"]}}})
-    assert sweep.size(basic) == 4
-    assert sweep.size(OmegaConf.create({"hydra": {"sweeper": {"_target_": "x.OptunaSweeper", "n_trials": 12}}})) == 12
+    assert sweepdir.size(basic) == 4
+    assert sweepdir.size(OmegaConf.create({"hydra": {"sweeper": {"_target_": "x.OptunaSweeper", "n_trials": 12}}})) == 12
     announce = JobProgress()
     announce.on_multirun_start(basic)
     announce.durations = [10.0, 20.0]  # two jobs done: 15 s each on average, jobs 3 and 4 left

@@ -12,9 +12,10 @@ from matplotlib.image import imread
 from omegaconf import OmegaConf
 from wandb_records import wait_for_run
 
-from memsweep import report, results
-from memsweep import sweep as sweep_mod
-from memsweep.callbacks import SweepReport
+from memsweep.sweep import report
+from memsweep.run import results
+from memsweep.sweep import sweepdir as sweep_mod
+from memsweep.sweep.callbacks import SweepReport
 
 GIB = 2**30
 GRID = ["precision=fp32,bf16", "optim=adamw,sgd,adafactor", "model=tiny"]
@@ -217,7 +218,7 @@ def test_sweep_exit_code_is_1_only_when_a_job_failed_or_left_no_result(tmp_path,
 
 
 def test_wandb_summary_run_holds_the_table_and_both_plots(sweep):
-    from memsweep.schema import LoggerConf
+    from memsweep.config.schema import LoggerConf
 
     summary = report.build(sweep)
     report.write(summary)

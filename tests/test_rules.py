@@ -2,7 +2,7 @@
 import pytest
 from conftest import TINY, run_job
 
-from memsweep import rules
+from memsweep.config import rules
 
 CASES = {
     "bf16-unsupported": ["hardware=t4", "precision=bf16"],

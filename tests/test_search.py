@@ -8,8 +8,8 @@ import pytest
 import yaml
 from conftest import ROOT, TINY
 
-from memsweep.schema import SearchConf
-from memsweep.search import objective
+from memsweep.config.schema import SearchConf
+from memsweep.sweep.search import objective
 
 
 def _res(status="ok", peak=2**30, f1=0.8):

@@ -7,12 +7,14 @@ import pytest
 from conftest import TINY, build_job, run_job
 from test_report import make_sweep, ok_results
 
-from memsweep import report, results, shapes
+from memsweep.sweep import report
+from memsweep.run import results
+from memsweep.measure import shapes
 from memsweep.estimate.table import sweep_table
-from memsweep.sweep import SweepJob
-from memsweep.job import print_summary
-from memsweep.schema import HardwareConf
-from memsweep.train_loop import release
+from memsweep.sweep.sweepdir import SweepJob
+from memsweep.run.job import print_summary
+from memsweep.config.schema import HardwareConf
+from memsweep.run.train_loop import release
 
 T4 = HardwareConf(name="t4", device="cuda", tensor_core_multiple=8)
 A100 = HardwareConf(name="a100_40gb", device="cuda", tensor_core_multiple=64)

@@ -4,7 +4,7 @@ import traceback
 import torch
 from conftest import TINY, build_job
 
-from memsweep.steptime import step_summary
+from memsweep.measure.steptime import step_summary
 
 
 def test_step_summary_leaves_out_warmup_and_skipped_steps():

@@ -70,8 +70,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_relative_imports_resolve_to_modules(tmp_path):
     known = set(modules())
-    assert "memsweep.estimate.core" in imports_of("memsweep.job", PACKAGE / "job.py", known)
-    assert "memsweep.sweep" in imports_of("memsweep.estimate.table", PACKAGE / "estimate" / "table.py", known)
+    assert "memsweep.estimate.core" in imports_of("memsweep.run.job", PACKAGE / "run" / "job.py", known)
+    assert "memsweep.sweep.sweepdir" in imports_of("memsweep.estimate.table", PACKAGE / "estimate" / "table.py", known)
 
 
 def test_no_import_cycle():

@@ -14,7 +14,8 @@ from conftest import ROOT, THREADS, TINY, run_job
 from hydra import compose, initialize_config_dir
 from wandb_records import find_run_file, run_contents
 
-from memsweep import report, results, sweep
+from memsweep.sweep import report, sweepdir
+from memsweep.run import results
 
 ENV = {**os.environ, "WANDB_MODE": "offline"}
 WITH_WANDB = [o for o in TINY if o != "logger=none"]
@@ -103,7 +104,7 @@ def test_a_sweep_killed_mid_job_resumes_with_every_job_done_once(tmp_path):
 
     # an interrupted sweep can be summarised: the lost jobs are listed, not dropped
     assert report.main([str(sweep_dir)]) == 0
-    killed = sweep.collect(sweep_dir)
+    killed = sweepdir.collect(sweep_dir)
     assert [(j.status, j.reason.split(":")[0] if j.reason else None) for j in killed] == [
         ("ok", None), ("missing", "no complete results.json"), ("missing", "the job never started")]
 
@@ -125,7 +126,7 @@ def test_a_sweep_killed_mid_job_resumes_with_every_job_done_once(tmp_path):
     groups = {run_contents(find_run_file(sweep_dir / str(i)))["run"].run_group for i in range(3)}
     summary_run = run_contents(find_run_file(sweep_dir))["run"]
     assert groups == {summary_run.run_group} and summary_run.job_type == "summary"
-    assert [j.status for j in sweep.collect(sweep_dir)] == ["ok", "ok", "ok"]
+    assert [j.status for j in sweepdir.collect(sweep_dir)] == ["ok", "ok", "ok"]
     assert "3 jobs (3 ok)" in (sweep_dir / "summary.md").read_text()
 
 

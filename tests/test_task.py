@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import THREADS, run_job
-from memsweep.trainer import pad_batch
+from memsweep.run.trainer import pad_batch
 
 DECODER = ["task=causal_lm", "model=tiny-llama", "data.train_size=256", "data.eval_size=64", "logger=none",
            f"threads={THREADS}", "batch_size=16", "max_seq_len=32"]
@@ -37,7 +37,7 @@ def test_the_measured_step_pads_labels_with_the_ignore_index():
 def test_a_text_only_file_trains_a_causal_lm_but_not_a_classifier(tmp_path):
     import pandas as pd
 
-    from memsweep.data import tweets_path
+    from memsweep.run.data import tweets_path
 
     texts = pd.read_csv(tweets_path(), encoding="latin-1")["text"].head(200)
     path = tmp_path / "texts.csv"

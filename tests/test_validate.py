@@ -6,7 +6,7 @@ import time
 import pytest
 from conftest import ROOT, TINY, run_job
 
-from memsweep import model
+from memsweep.run import model
 
 README = str(ROOT / "README.md")
 

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import schema, sweep, validate
+from ..config import schema, validate
+from ..config.schema import Config
 from ..errors import Unsupported
-from ..schema import Config
+from ..sweep import sweepdir
 from .core import run_estimate
 from .table import write_pivot_table, write_sweep_table
 
@@ -31,7 +32,7 @@ def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list
     """The jobs of the overrides, or of each grid added to them: their union in order, each job once."""
     jobs: dict[tuple[str, ...], None] = {}
     for grid in grids or [[]]:
-        for job in sweep.expand(overrides + grid):
+        for job in sweepdir.expand(overrides + grid):
             jobs.setdefault(tuple(job), None)
     return [list(job) for job in jobs]
 
@@ -39,7 +40,7 @@ def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list
 def main(argv: Optional[list[str]] = None) -> int:
     import argparse
 
-    from .. import hardware
+    from ..config import hardware
 
     parser = argparse.ArgumentParser(prog="python -m memsweep.estimate",
                                      description="Estimate the peak memory, FLOPs and step time of a job or a "
@@ -63,9 +64,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for n, overrides in enumerate(jobs):
         job_dir = out / str(n)
         job_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (sweep.ESTIMATE_FILE, sweep.STATUS_FILE):  # from an earlier run into the same dir
+        for stale in (sweepdir.ESTIMATE_FILE, sweepdir.STATUS_FILE):  # from an earlier run into the same dir
             (job_dir / stale).unlink(missing_ok=True)
-        (job_dir / sweep.OVERRIDES_FILE).write_text(json.dumps(overrides))
+        (job_dir / sweepdir.OVERRIDES_FILE).write_text(json.dumps(overrides))
         print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
         try:
             job = compose(overrides)
@@ -74,7 +75,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
             status = "unsupported" if isinstance(exc, Unsupported) else "failed"
             failed += status == "failed"
-            (job_dir / sweep.STATUS_FILE).write_text(json.dumps({"status": status, "reason": str(exc)[:500]}))
+            (job_dir / sweepdir.STATUS_FILE).write_text(json.dumps({"status": status, "reason": str(exc)[:500]}))
             print(f"[memsweep] {status}: {exc}", flush=True)
     table = write_sweep_table(out)
     if args.by:  # the long table is in estimate.md; the one asked for is printed

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..schema import Config
+from ..config.schema import Config
 from ..techniques import precision
 from .inventory import Inventory
 

@@ -4,8 +4,8 @@ job's model class (its task's) built from it on the meta device, with the plan's
 weights, no memory."""
 import torch
 
-from ..schema import Config
-from ..task import auto_class, labelled
+from ..config.schema import Config
+from ..run.task import auto_class, labelled
 
 
 def num_labels(job: Config) -> int:
@@ -16,7 +16,7 @@ def num_labels(job: Config) -> int:
 
 def model_config(job: Config):
     """(transformers config, where it came from)."""
-    from ..model import hf_config
+    from ..run.model import hf_config
 
     config, source = hf_config(job.model, num_labels(job))
     if getattr(config, "pad_token_id", None) is None:  # a decoder classifier finds the last token by it

@@ -3,9 +3,9 @@ capacity less `autofit_headroom`, with the accumulation steps that keep `batch_s
 import dataclasses
 from typing import Any, Optional
 
+from ..config.schema import Config, HardwareConf
 from ..errors import Unsupported
-from ..plan import build_plan
-from ..schema import Config, HardwareConf
+from ..run.plan import build_plan
 from .core import GIB, capacity_bytes, estimate_job
 
 

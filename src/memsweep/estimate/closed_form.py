@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..schema import Config, HardwareConf
+from ..config.schema import Config, HardwareConf
 from ..techniques import optim as optim_traits
 from . import decoder_moments
 from .activations import Precision, Shape, activations, shape_of

@@ -7,14 +7,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import results, rules, shapes
-from ..plan import build_plan
-from ..schema import Config, HardwareConf
-from ..sweep import ESTIMATE_FILE
+from ..config import rules
+from ..config.schema import Config, HardwareConf
+from ..measure import shapes
+from ..run import results
+from ..run.plan import build_plan
+from ..sweep.sweepdir import ESTIMATE_FILE
 from ..techniques import precision
 from ..techniques.optim import traits as optim_traits
-from .arch import meta_model, model_config
 from .activations import NoClosedForm
+from .arch import meta_model, model_config
 from .closed_form import closed_form
 from .inventory import inventory
 from .table import summary_line

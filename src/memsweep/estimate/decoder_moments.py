@@ -16,10 +16,9 @@ buffers and optimizer state; closed_form.py adds the optimizer step):
 """
 from typing import Any
 
-from ..schema import Config
+from ..config.schema import Config
 from .activations import Precision
-from .decoder import (DecoderShape, Layer, backward_transient, casts, checkpoint_shared, kv_cache, layer_activations,
-                      mask_bytes)
+from .decoder import DecoderShape, Layer, backward_transient, casts, checkpoint_shared, kv_cache, layer_activations, mask_bytes
 from .inventory import Inventory, layer_flops
 
 

@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..schema import Config
+from ..config.schema import Config
 
 
 @dataclass

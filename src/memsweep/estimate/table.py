@@ -1,11 +1,12 @@
 """An estimate as people read it: the one line a job prints, and estimate.md, the table of a sweep's
-estimates (through pandas, from the jobs sweep.py collects)."""
+estimates (through pandas, from the jobs sweepdir.py collects)."""
 from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
 
-from .. import shapes, sweep
+from ..measure import shapes
+from ..sweep import sweepdir
 
 GIB = 2**30
 SWEEP_TABLE = "estimate.md"
@@ -45,19 +46,19 @@ def _row(est: dict[str, Any], with_shapes: bool) -> dict[str, str]:
     return row
 
 
-def _estimated(job: sweep.SweepJob) -> Optional[dict[str, Any]]:
+def _estimated(job: sweepdir.SweepJob) -> Optional[dict[str, Any]]:
     return job.estimate if job.estimate and job.estimate.get("method") else None
 
 
-def sweep_table(jobs: list[sweep.SweepJob]) -> str:
+def sweep_table(jobs: list[sweepdir.SweepJob]) -> str:
     """Markdown table of a sweep's estimates, one row per job; a job without an estimate shows why."""
-    keys, _ = sweep.varying(jobs)
+    keys, _ = sweepdir.varying(jobs)
     if len(jobs) == 1:  # nothing varies: show what the one job set
-        keys = list(sweep.as_dict(jobs[0].overrides))
+        keys = list(sweepdir.as_dict(jobs[0].overrides))
     advices = [est.get("shape_advice") for est in map(_estimated, jobs) if est is not None]
     rows = []
     for job in jobs:
-        row = {"#": str(job.num), **{k: sweep.as_dict(job.overrides).get(k, "") for k in keys}}
+        row = {"#": str(job.num), **{k: sweepdir.as_dict(job.overrides).get(k, "") for k in keys}}
         est = _estimated(job)
         if est is not None:
             row.update(_row(est, with_shapes=any(advices)))
@@ -78,7 +79,7 @@ def sweep_table(jobs: list[sweep.SweepJob]) -> str:
 def write_sweep_table(sweep_dir: Path) -> Path:
     """estimate.md of a sweep dir, from its jobs' estimate.json (or results.json with an estimate)."""
     path = Path(sweep_dir) / SWEEP_TABLE
-    path.write_text(f"# Estimates: {sweep_dir}\n\n" + sweep_table(sweep.collect(sweep_dir)))
+    path.write_text(f"# Estimates: {sweep_dir}\n\n" + sweep_table(sweepdir.collect(sweep_dir)))
     return path
 
 
@@ -86,16 +87,16 @@ def _ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.{1 if seconds < 0.1 else 0}f}"
 
 
-def pivot_table(jobs: list[sweep.SweepJob], by: str) -> str:
+def pivot_table(jobs: list[sweepdir.SweepJob], by: str) -> str:
     """One row per combination of the keys that vary besides `by`, and for each value of `by` (e.g. each
     GPU) its fit, margin, predicted total (device used on a GPU) and step time; why a cell has no
     estimate is a numbered note under the table."""
-    keys = [k for k in sweep.varying(jobs)[0] if k != by]
-    columns = list(dict.fromkeys(sweep.as_dict(j.overrides).get(by, "") for j in jobs))
+    keys = [k for k in sweepdir.varying(jobs)[0] if k != by]
+    columns = list(dict.fromkeys(sweepdir.as_dict(j.overrides).get(by, "") for j in jobs))
     rows: dict[tuple, dict[str, str]] = {}
     reasons: dict[str, int] = {}
     for job in jobs:
-        values = sweep.as_dict(job.overrides)
+        values = sweepdir.as_dict(job.overrides)
         row = rows.setdefault(tuple(values.get(k, "") for k in keys),
                               {**{k: values.get(k, "") for k in keys}, "method": ""})
         col, est = values.get(by, ""), _estimated(job)
@@ -115,7 +116,7 @@ def pivot_table(jobs: list[sweep.SweepJob], by: str) -> str:
         row["method"] = row["method"] or "-"
     order = keys + ["method"] + [f"{c} {part}" for c in columns for part in ("fits", "margin GiB", "used GiB", "ms/step")]
     frame = pd.DataFrame(list(rows.values())).reindex(columns=order).fillna("-")
-    common = sweep.varying(jobs)[1]
+    common = sweepdir.varying(jobs)[1]
     notes = [f"every row: {' '.join(common)}" if common else "",
              "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved + the CUDA "
              "context; the closed form replays no allocator, there peak allocated + the context); margin = "
@@ -128,5 +129,5 @@ def pivot_table(jobs: list[sweep.SweepJob], by: str) -> str:
 def write_pivot_table(sweep_dir: Path, by: str) -> Path:
     """estimate-by-<by>.md of a sweep dir: its estimates with one column group per value of `by`."""
     path = Path(sweep_dir) / f"estimate-by-{by.replace('/', '_')}.md"
-    path.write_text(f"# Estimates by {by}: {sweep_dir}\n\n" + pivot_table(sweep.collect(sweep_dir), by))
+    path.write_text(f"# Estimates by {by}: {sweep_dir}\n\n" + pivot_table(sweepdir.collect(sweep_dir), by))
     return path

@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..measure import LedgerTracker, inner_optimizer, ledger_reading
-from ..schema import Config, HardwareConf
+from ..config.schema import Config, HardwareConf
+from ..measure.ledger import LedgerTracker, inner_optimizer, ledger_reading
 from ..techniques import optim
 from . import capture, sharded
 

@@ -5,8 +5,7 @@ the plan (plan.py carries what a technique needs from outside its group).
 the model is loaded (precision, attention, init, lora quantization), then frozen, then wrapped by
 LoRA, then checkpointed.
 """
-from . import (accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, fsdp, init,
-               lora, offload, optim, precision)
+from . import accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, fsdp, init, lora, offload, optim, precision
 
 APPLY_ORDER = [
     ("precision", precision),

@@ -9,8 +9,8 @@ The parts are the model's own (structure.py). A causal LM whose head is tied to 
 - `encoder` (all but the head) keeps it trainable: it is the head.
 `effective.trainable_params` shows which way a job went.
 """
-from ..model import find_module
-from ..schema import FreezeName
+from ..config.schema import FreezeName
+from ..run.model import find_module
 
 
 def frozen_modules(model, name: FreezeName, structure):

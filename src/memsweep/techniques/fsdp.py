@@ -13,8 +13,8 @@ Trainer's `fsdp` / `fsdp_config`, so Accelerate shards the model exactly as it d
   builds its Trainer); under torchrun the group is the launcher's and every rank holds 1/world_size
   of each parameter.
 """
-from ..model import find_module
-from ..schema import FsdpStrategy
+from ..config.schema import FsdpStrategy
+from ..run.model import find_module
 
 
 def fsdp_config(cfg) -> dict:

@@ -3,8 +3,8 @@
 Targets: the attention's q/k/v projections found in the model (structure.py), a list of module names,
 or `all-linear` (peft: every linear layer of the blocks, not the head). The head is trained in full.
 """
-from ..schema import Quantize
-from ..task import peft_task_type
+from ..config.schema import Quantize
+from ..run.task import peft_task_type
 
 
 def quantization_config(quantize: Quantize, skip_modules: list[str]):

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from dataclasses import dataclass
 
-from ..schema import OptimName
+from ..config.schema import OptimName
 
 
 @dataclass(frozen=True)

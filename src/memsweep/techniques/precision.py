@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ..schema import PrecisionName
+from ..config.schema import PrecisionName
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The objective a hyperparameter sweeper (hparams_search=optuna) maximises: one job's metric, under a memory budget."""
 from typing import Any, Optional
 
-from .schema import SearchConf
+from ..config.schema import SearchConf
 
 
 def objective(res: dict[str, Any], cfg: SearchConf) -> Optional[float]:

@@ -14,7 +14,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import TrainerCallback
 
-from . import host_memory
+from ..run import host_memory
 
 # MemTracker warns on every backward hook whose module was collected; nothing is lost.
 warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import shapes
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..measure import shapes
 from .schema import CONF_DIR, Config, ModelSource
 
 
@@ -157,7 +157,7 @@ def ranges(job: Config) -> None:
 def inputs(job: Config) -> None:
     """What a training job will load, checked before it loads anything for training: the model's limits
     (from its config.json or architecture keys) against max_seq_len and the tokenizer, and the data."""
-    from . import data, model, task
+    from ..run import data, model, task
 
     config, source = model.config_values(job.model)  # also refuses a hub name that cannot be had offline
     limit = config.get("max_position_embeddings") or config.get("n_positions")

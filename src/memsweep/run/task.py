@@ -8,7 +8,7 @@
 """
 import math
 
-from .schema import TaskConf, TaskName
+from ..config.schema import TaskConf, TaskName
 
 # The results.json metric that says how good a job is, and whether higher is better.
 QUALITY = {TaskName.classification: ("f1", True), TaskName.causal_lm: ("perplexity", False)}

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
-from .measure import inner_optimizer
+from ..measure.ledger import inner_optimizer
 from .plan import Plan
 
 

@@ -97,9 +97,9 @@ def cap_memory(profile: HardwareConf) -> float | None:
     return fraction
 
 
-if __name__ == "__main__":  # `python -m memsweep.hardware sweep-precisions`: the Makefile's precision axis
+if __name__ == "__main__":  # `python -m memsweep.config.hardware sweep-precisions`: the Makefile's precision axis
     if sys.argv[1:] != ["sweep-precisions"]:
-        sys.exit("usage: python -m memsweep.hardware sweep-precisions")
+        sys.exit("usage: python -m memsweep.config.hardware sweep-precisions")
     chosen = sweep_precisions()
     why = "bf16 runs natively here" if "bf16" in chosen else "bf16 is emulated on this machine: no native bf16 matmuls"
     print(f"[memsweep] precision axis: {','.join(chosen)} ({why})", file=sys.stderr)

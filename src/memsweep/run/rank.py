@@ -1,4 +1,4 @@
-"""One rank of a multi-process job: `python -m memsweep.rank <job dir>`, started by torchrun (launch.py),
+"""One rank of a multi-process job: `python -m memsweep.run.rank <job dir>`, started by torchrun (launch.py),
 or run_rank() in-process in each submitit task of a Slurm job with several tasks.
 
 Every rank builds and trains the same job (Trainer/Accelerate join the process group torchrun set up:
@@ -13,8 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
-from . import hardware, procenv, results
-from .errors import outcome
+from ..config import hardware
+from ..errors import outcome
+from . import procenv, results
 
 # Files of a multi-process job, under its job dir: the job the ranks run, each rank's own dir (its
 # Trainer output, and error.json if it failed) and the result rank 0 gathered.
@@ -27,7 +28,7 @@ ERROR_FILE = "error.json"
 def load_job(ranks_dir: Path):
     from omegaconf import OmegaConf
 
-    from .schema import Config
+    from ..config.schema import Config
 
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(ranks_dir / JOB_FILE)))
 

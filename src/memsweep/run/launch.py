@@ -8,15 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..errors import STATUS_EXCEPTIONS, ConfigError
 from . import procenv, rank
-from .errors import STATUS_EXCEPTIONS, ConfigError
 from .results import Result, read
 
 
 def torchrun_command(nproc: int, job_dir: Path) -> list[str]:
     # --standalone: a rendezvous on a free local port, so jobs of a sweep never share one.
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "memsweep.rank", str(job_dir)]
+            "-m", "memsweep.run.rank", str(job_dir)]
 
 
 def task_group() -> tuple[int, int] | None:

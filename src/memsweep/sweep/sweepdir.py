@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from . import results
+from ..run import results
 
 MULTIRUN_FILE = "multirun.yaml"
 ESTIMATE_FILE = "estimate.json"  # a job's estimate (mode=estimate, or the estimate CLI)

@@ -13,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II
 
 # conf/: one folder per config group (train.py composes it; the estimate CLI and hardware=auto read it too).
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 class Mode(str, Enum):

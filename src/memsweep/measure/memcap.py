@@ -19,7 +19,7 @@ import warnings
 from contextlib import contextmanager, nullcontext
 from typing import ContextManager, Iterator
 
-from .schema import HardwareConf
+from ..config.schema import HardwareConf
 
 
 def address_space_bytes() -> int:

@@ -7,7 +7,7 @@ to its longest example, so it is a multiple only when `data.pad_to_multiple_of` 
 """
 from typing import Any, Optional
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 ADVICE = ("pad the vocabulary (resize_token_embeddings(pad_to_multiple_of={m})) and the sequence length "
           "(data.pad_to_multiple_of={m}) and pick micro-batch sizes that are multiples of {m} on {profile} "

@@ -8,17 +8,19 @@ import torch
 from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
+from ..config.schema import Config, HardwareConf, Progress
+from ..errors import Diverged
+from ..measure import memcap
+from ..measure import progress, shapes
+from ..measure.ledger import LedgerCallback, effective, param_bytes
+from ..measure.steptime import StepTimer
+from ..techniques import optim
 from . import data as data_mod
-from . import host_memory, memcap
+from . import host_memory
 from . import model as model_mod
-from . import procenv, progress, shapes, task
-from .errors import Diverged
-from .measure import LedgerCallback, effective, param_bytes
+from . import procenv, task
 from .plan import Plan, build_plan
 from .results import Result
-from .schema import Config, HardwareConf, Progress
-from .steptime import StepTimer
-from .techniques import optim
 from .trainer import DivergenceCallback, MemsweepTrainer, WandbLogCallback
 
 

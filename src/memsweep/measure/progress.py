@@ -13,8 +13,8 @@ from typing import Optional
 from transformers import TrainerCallback
 from transformers.trainer_utils import has_length
 
+from ..config.schema import Progress
 from . import eta
-from .schema import Progress
 
 LINE_EVERY = 0.1  # of a phase
 LINE_AT_LEAST_EVERY_S = 60.0

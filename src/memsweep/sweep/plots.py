@@ -5,7 +5,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .sweep import SweepJob, as_dict
+from .sweepdir import SweepJob, as_dict
 
 GIB = 2**30
 # Stacks of memory.png and breakdown columns of summary.md; "other" gathers buffers and temporaries.

@@ -17,10 +17,13 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import counters, results, resume, shapes, sweep, validate, wandb_log
-from .errors import BAD_INPUT, EXIT_CODES, ConfigError, exit_code, outcome
+from ..config import validate
+from ..config.schema import Config, Mode
+from ..errors import BAD_INPUT, EXIT_CODES, ConfigError, exit_code, outcome
+from ..measure import counters, shapes
+from ..sweep import resume, sweepdir, wandb_log
+from . import results
 from .results import Result
-from .schema import Config, Mode
 
 
 @dataclass
@@ -33,7 +36,7 @@ class Context:
 
     @property
     def name(self) -> str:
-        return sweep.job_name(self.overrides)
+        return sweepdir.job_name(self.overrides)
 
 
 def hydra_context() -> Context:
@@ -43,7 +46,7 @@ def hydra_context() -> Context:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     root = hc.sweep.dir if multirun else hc.run.dir
-    return Context(Path(hc.runtime.output_dir), list(hc.overrides.task), sweep.wandb_group(str(root)), multirun)
+    return Context(Path(hc.runtime.output_dir), list(hc.overrides.task), sweepdir.wandb_group(str(root)), multirun)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -77,13 +80,14 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     validate.ranges(job)
     if job.mode == Mode.train:
         validate.inputs(job)
-    from . import hardware, launch, procenv, rules
+    from ..config import hardware, rules
+    from . import launch, procenv
 
     procenv.prepare()
     profile = hardware.detect(job.hardware)
     res.hardware = asdict(profile)
     if job.mode == Mode.estimate:  # no training, no weights, no GPU: predicted memory, FLOPs, time
-        from .estimate.core import run_estimate
+        from ..estimate.core import run_estimate
 
         res.estimate = run_estimate(job, profile, job_dir)  # checks the rules but no-gpu
         res.shape_advice = res.estimate["shape_advice"]
@@ -91,11 +95,11 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     rules.check(job, profile)
     warn_if_emulated(job, profile, res)
     if job.autofit:  # the largest micro-batch the estimator says fits; accumulation keeps batch_size
-        from .estimate.autofit import autofit_job
+        from ..estimate.autofit import autofit_job
 
         job, res.effective["autofit"] = autofit_job(job, profile)
     if job.measure.estimate:  # predicted before training, compared with the measured peak after
-        from .estimate.core import for_job
+        from ..estimate.core import for_job
 
         res.estimate = for_job(job, profile)
     hardware.cap_memory(profile)
@@ -109,7 +113,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
 
 def warn_if_emulated(job: Config, profile, res: Result) -> None:
     """A precision the device only emulates trains correctly but far slower: say so once, and record it."""
-    from .techniques import precision
+    from ..techniques import precision
 
     res.effective["emulated_precision"] = dtype = precision.emulated(job.precision.name, profile)
     if dtype is not None:
@@ -157,7 +161,7 @@ def _mib(n) -> str:
 
 def print_summary(res: Result, job_dir: Path) -> None:
     m, t, mem = res.metrics, res.time, res.memory
-    name = sweep.job_name(res.overrides)
+    name = sweepdir.job_name(res.overrides)
     lines = [f"[memsweep] {name}: {res.status}" + (f" ({res.reason})" if res.reason else "")]
     if res.status == "ok" and m.train_loss is not None:  # trained (mode=estimate prints its own line)
         lines.append(f"  F1 {m.f1:.4f}  accuracy {m.accuracy:.4f}  train loss {m.train_loss:.4f}" if m.f1 is not None

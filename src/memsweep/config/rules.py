@@ -1,15 +1,15 @@
 """The combinations that cannot run, one row each, checked before any work is done.
 
 A refused job is a result (`status: unsupported` with the row's reason), not a crash, and the sweep
-goes on. `python -m memsweep.rules` prints the table.
+goes on. `python -m memsweep.config.rules` prints the table.
 """
 import importlib.util
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import Unsupported
+from ..errors import Unsupported
+from ..techniques import optim, precision
 from .schema import Config, HardwareConf
-from .techniques import optim, precision
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Writes into the sweep dir:
 
 Every job of the sweep's grid gets a row: a job that did not finish is `missing`, a job that ended
 otherwise than `ok` shows its status and reason. It runs at the end of every multirun (callbacks.py)
-and at any time after: `python -m memsweep.report <sweep dir>` (`make report SWEEP=<sweep dir>`).
+and at any time after: `python -m memsweep.sweep.report <sweep dir>` (`make report SWEEP=<sweep dir>`).
 """
 import argparse
 import json
@@ -22,9 +22,11 @@ from typing import Any, Optional
 import pandas as pd
 from omegaconf import OmegaConf
 
-from . import plots, results, shapes, sweep
+from ..measure import shapes
+from ..run import results
+from . import plots, sweepdir
 from .plots import GIB, PARTS
-from .sweep import SweepError, SweepJob, as_dict
+from .sweepdir import SweepError, SweepJob, as_dict
 
 FILES = ("summary.csv", "summary.md", "memory.png", "tradeoff.png")
 ReportError = SweepError  # bad input: not a sweep dir, or a baseline that names no job
@@ -187,7 +189,7 @@ def build(sweep_dir: Path, baseline: Optional[str] = None, strict: bool = True) 
     """Read the sweep. A baseline that names no job raises ReportError, or, with strict=False (the end
     of a sweep, which must still get its summary), falls back to the first job with a note."""
     sweep_dir = Path(sweep_dir)
-    jobs = sweep.collect(sweep_dir)
+    jobs = sweepdir.collect(sweep_dir)
     notes = []
     try:
         base = find_baseline(jobs, baseline)
@@ -199,7 +201,7 @@ def build(sweep_dir: Path, baseline: Optional[str] = None, strict: bool = True) 
     if not base.ok:
         notes.append(f"the baseline (job {base.num}) is {base.status}: no Δ memory or speed-up; "
                      f"choose another with report.baseline=<job number or overrides>")
-    varying, common = sweep.varying(jobs)
+    varying, common = sweepdir.varying(jobs)
     table = human_table(jobs, base, varying)
     return Summary(sweep_dir, jobs, base, varying, common, table,
                    markdown(table, jobs, base, varying, common, notes), notes)
@@ -240,12 +242,12 @@ def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
 
 
 def latest_sweep(root: Path = Path("multirun")) -> Optional[Path]:
-    dirs = sorted(p.parent for p in root.glob(f"*/*/{sweep.MULTIRUN_FILE}"))
+    dirs = sorted(p.parent for p in root.glob(f"*/*/{sweepdir.MULTIRUN_FILE}"))
     return dirs[-1] if dirs else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memsweep.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m memsweep.sweep.report", description=__doc__.split("\n")[0])
     parser.add_argument("sweep_dir", nargs="?", default="", help="the sweep's directory, e.g. multirun/<date>/<time>")
     parser.add_argument("--baseline", default=None,
                         help="job number or overrides (default: the sweep's report.baseline, else the first job)")
@@ -260,7 +262,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sweep_dir = Path(args.sweep_dir)
     baseline = args.baseline
     if baseline is None:
-        baseline = sweep.multirun_value(sweep_dir, "report.baseline")
+        baseline = sweepdir.multirun_value(sweep_dir, "report.baseline")
     try:
         summary = build(sweep_dir, baseline)
     except ReportError as exc:
@@ -270,12 +272,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(summary.markdown)
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        from .schema import LoggerConf
+        from ..config.schema import LoggerConf
 
         # the sweep's own project/entity/tags; asked for explicitly, so logged even if the sweep had logger=none
-        saved = sweep.multirun_value(sweep_dir, "logger")
+        saved = sweepdir.multirun_value(sweep_dir, "logger")
         logger_cfg = OmegaConf.merge(OmegaConf.structured(LoggerConf), saved or {}, {"enabled": True})
-        group = sweep.group_of(sweep_dir, summary.jobs)
+        group = sweepdir.group_of(sweep_dir, summary.jobs)
         print(f"W&B summary run (group {group}): {log_to_wandb(summary, logger_cfg, group)}")
     return 0
 

@@ -48,8 +48,8 @@ class Plan:
 
 def build_plan(job, profile) -> Plan:
     """The plan of a composed job (schema.Config) on a resolved hardware profile."""
+    from ..techniques import apply_all
     from .structure import for_job
-    from .techniques import apply_all
 
     plan = Plan(device=profile.device, batch_size=job.batch_size, nproc=job.distributed.nproc, lr=job.lr,
                 task=job.task.name.value, structure=for_job(job))

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config.schema import ModelConf, ModelSource
+from ..errors import ConfigError
 from . import hub
-from .errors import ConfigError
-from .schema import ModelConf, ModelSource
 
-ARCHS_DIR = Path(__file__).resolve().parent / "archs"
+ARCHS_DIR = Path(__file__).resolve().parents[1] / "archs"
 # model.<key> -> the config.json key it overrides (transformers maps the standard names per model type)
 SIZE_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
              "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",

