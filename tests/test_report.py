@@ -48,7 +48,7 @@ def make_sweep(root: Path, outcomes: dict, baseline=None, grid=tuple(GRID)) -> P
         "hydra": {"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
                               "max_batch_size": None, "params": None},
                   "overrides": {"hydra": [f"hydra.sweep.dir={root}"], "task": list(grid)}},
-        "report": {"baseline": baseline}, "logger": {"enabled": False}}), root / "multirun.yaml")
+        "report": {"baseline": baseline}, "logger": {"name": "none"}}), root / "multirun.yaml")
     jobs = sweep_mod.grid(root)
     for num, outcome in outcomes.items():
         job_dir = root / str(num)
@@ -199,7 +199,7 @@ def test_cli_uses_the_baseline_the_sweep_was_run_with(tmp_path):
 
 def config_for(sweep: Path, logger_enabled=False):
     return OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "report": {"baseline": None},
-                             "logger": {"enabled": logger_enabled}})
+                             "logger": {"name": "wandb" if logger_enabled else "none"}})
 
 
 def test_sweep_exit_code_is_1_only_when_a_job_failed_or_left_no_result(tmp_path, capsys):

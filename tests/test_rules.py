@@ -15,7 +15,7 @@ CASES = {
     "deepspeed-cpu-fp16": ["precision=fp16", "deepspeed=zero2"],
     "deepspeed-bf16-true": ["precision=bf16_true", "deepspeed=zero2"],
     "activation-offload-on-cpu": ["offload=activations"],
-    "deepspeed-with-fsdp": ["deepspeed=zero2", "fsdp.strategy=full_shard"],
+    "deepspeed-with-fsdp": ["deepspeed=zero2", "fsdp=full_shard"],
     "fsdp-offload-on-cpu": ["fsdp=full_shard_offload"],
     "8bit-optim-with-fsdp": ["optim=adamw_8bit", "fsdp=full_shard"],
     "adafactor-with-fsdp": ["optim=adafactor", "fsdp=shard_grad_op"],

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import Unsupported
-from ..techniques import optim, precision
+from ..techniques import Techniques, traits_of
 from .schema import Config, HardwareConf
 
 
 @dataclass(frozen=True)
 class Rule:
     name: str
-    refuses: Callable[[Config, HardwareConf], bool]
+    refuses: Callable[[Techniques, HardwareConf], bool]  # asks the groups' traits, never their raw keys
     reason: str
 
 
@@ -34,63 +34,56 @@ def _ds_op_prebuilt(op: str) -> bool:
     return any(root.rglob(f"{op}*.so"))
 
 
-def _optim(cfg: Config) -> optim.Traits:
-    return optim.traits(cfg.optim.hf_name)
-
-
-def _precision(cfg: Config) -> precision.Traits:
-    return precision.traits(cfg.precision.name)
+def _quantized(t: Techniques) -> bool:
+    return t.lora.quantize is not None
 
 
 RULES: list[Rule] = [
-    Rule("bf16-unsupported", lambda c, hw: _precision(c).needs == "bf16" and not hw.bf16,
+    Rule("bf16-unsupported", lambda t, hw: t.precision.needs == "bf16" and not hw.bf16,
          "bf16 needs an Ampere-or-newer GPU (or a CPU); this profile has none — use precision=fp16"),
-    Rule("tf32-unsupported", lambda c, hw: _precision(c).needs == "tf32" and not hw.tf32,
+    Rule("tf32-unsupported", lambda t, hw: t.precision.needs == "tf32" and not hw.tf32,
          "TF32 is a tensor-core mode of Ampere-or-newer GPUs; this device has no TF32 matmuls"),
-    Rule("no-gpu", lambda c, hw: hw.device == "cuda" and not _cuda(),
+    Rule("no-gpu", lambda t, hw: hw.device == "cuda" and not _cuda(),
          "this hardware profile is a CUDA GPU and none is visible here; predict it without a GPU with "
          "mode=estimate, or run hardware=cpu"),
-    Rule("flash-attention", lambda c, hw: c.attention.implementation.value == "flash_attention_2"
+    Rule("flash-attention", lambda t, hw: t.attention.implementation == "flash_attention_2"
          and (hw.device != "cuda" or not _installed("flash_attn")),
          "flash_attention_2 needs a CUDA GPU and the flash-attn package; use attention=sdpa"),
-    Rule("bitsandbytes-missing", lambda c, hw: (c.lora.quantize.value != "none" or _optim(c).bitsandbytes)
-         and not _installed("bitsandbytes"),
+    Rule("bitsandbytes-missing", lambda t, hw: (_quantized(t) or t.optim.bitsandbytes) and not _installed("bitsandbytes"),
          "8-bit/4-bit weights and optimizers need the bitsandbytes package"),
-    Rule("quantized-with-deepspeed", lambda c, hw: c.lora.quantize.value != "none" and c.deepspeed.stage is not None,
+    Rule("quantized-with-deepspeed", lambda t, hw: _quantized(t) and t.deepspeed.on,
          "DeepSpeed partitions and casts the weights itself; bitsandbytes-quantized base weights "
          "cannot be handed to it — use lora=r8 with DeepSpeed, or deepspeed=none with qlora/int8"),
-    Rule("8bit-optim-with-zero", lambda c, hw: _optim(c).bitsandbytes and (c.deepspeed.stage or 0) >= 1,
+    Rule("8bit-optim-with-zero", lambda t, hw: t.optim.bitsandbytes and (t.deepspeed.stage or 0) >= 1,
          "ZeRO partitions the optimizer state itself; bitsandbytes' 8-bit state cannot be partitioned"),
-    Rule("offload-needs-adam", lambda c, hw: (c.deepspeed.offload_optimizer or c.deepspeed.offload_param)
-         and (_optim(c).rule != "adamw" or _optim(c).bitsandbytes),
+    Rule("offload-needs-adam", lambda t, hw: (t.deepspeed.offload_optimizer or t.deepspeed.offload_param)
+         and (t.optim.rule != "adamw" or t.optim.bitsandbytes),
          "ZeRO offload steps the optimizer on the CPU with DeepSpeed's CPUAdam: use optim=adamw"),
-    Rule("offload-needs-cpu-adam-op", lambda c, hw: c.deepspeed.offload_optimizer and not _ds_op_prebuilt("cpu_adam"),
+    Rule("offload-needs-cpu-adam-op", lambda t, hw: t.deepspeed.offload_optimizer and not _ds_op_prebuilt("cpu_adam"),
          "ZeRO offload needs DeepSpeed's cpu_adam op, which is not built; reinstall with make install "
          "(it prebuilds the op)"),
-    Rule("deepspeed-cpu-fp16", lambda c, hw: c.deepspeed.stage is not None and hw.device == "cpu"
-         and _precision(c).loss_scaling,
+    Rule("deepspeed-cpu-fp16", lambda t, hw: t.deepspeed.on and hw.device == "cpu" and t.precision.loss_scaling,
          "on the CPU memsweep does fp16 with autocast + GradScaler, which cannot drive DeepSpeed's "
          "engine (it does its own loss scaling); use precision=bf16 or fp32 with DeepSpeed here"),
-    Rule("deepspeed-bf16-true", lambda c, hw: c.deepspeed.stage is not None and _precision(c).param_bytes == 2,
+    Rule("deepspeed-bf16-true", lambda t, hw: t.deepspeed.on and t.precision.param_bytes == 2,
          "DeepSpeed keeps its own fp32 master weights; use precision=bf16 (mixed) with DeepSpeed"),
-    Rule("activation-offload-on-cpu", lambda c, hw: c.offload.activations and hw.device == "cpu",
+    Rule("activation-offload-on-cpu", lambda t, hw: t.offload.activations and hw.device == "cpu",
          "activations already live in host memory on the CPU: offloading them there only adds a copy; "
          "offload=activations is for GPUs"),
-    Rule("deepspeed-with-fsdp", lambda c, hw: c.deepspeed.stage is not None and c.fsdp.strategy is not None,
+    Rule("deepspeed-with-fsdp", lambda t, hw: t.deepspeed.on and t.fsdp.on,
          "DeepSpeed and FSDP both shard the model: choose one"),
-    Rule("fsdp-offload-on-cpu", lambda c, hw: c.fsdp.offload and hw.device == "cpu",
+    Rule("fsdp-offload-on-cpu", lambda t, hw: t.fsdp.offload and hw.device == "cpu",
          "FSDP2's CPU offload (CPUOffloadPolicy, as Accelerate builds it) pins host memory, which needs an "
          "accelerator (\"Cannot access accelerator device when none is available\"); on the CPU the parameters "
          "already live in host memory: fsdp=full_shard_offload is for GPUs, use fsdp=full_shard here"),
-    Rule("8bit-optim-with-fsdp",
-         lambda c, hw: _optim(c).bitsandbytes and c.fsdp.strategy is not None,
+    Rule("8bit-optim-with-fsdp", lambda t, hw: t.optim.bitsandbytes and t.fsdp.on,
          "FSDP2 shards parameters as DTensors and bitsandbytes' optimizer kernels have no DTensor sharding rule "
          "(\"bitsandbytes.optimizer_update_32bit does not have a sharding strategy registered\"): use optim=adamw"),
-    Rule("int8-with-fsdp", lambda c, hw: c.lora.quantize.value == "int8" and c.fsdp.strategy is not None,
+    Rule("int8-with-fsdp", lambda t, hw: t.lora.quantize == "int8" and t.fsdp.on,
          "FSDP2 shards every parameter as a DTensor, which drops the quantization state of bitsandbytes' LLM.int8 "
          "weights (the first forward fails: \"'Parameter' object has no attribute 'CB'\"); Accelerate exempts only "
          "4-bit weights from sharding: use lora=qlora or lora=r8 with FSDP"),
-    Rule("adafactor-with-fsdp", lambda c, hw: _optim(c).rule == "adafactor" and c.fsdp.strategy is not None,
+    Rule("adafactor-with-fsdp", lambda t, hw: t.optim.rule == "adafactor" and t.fsdp.on,
          "transformers' Adafactor keeps plain-tensor state next to FSDP2's DTensor parameters "
          "(\"got mixed torch.Tensor and DTensor\"): use optim=adamw or sgd with FSDP"),
 ]
@@ -105,8 +98,9 @@ def _cuda() -> bool:
 def check(cfg: Config, hw: HardwareConf, skip: tuple[str, ...] = ()) -> None:
     """Raise Unsupported with the first matching rule's reason; rules named in `skip` are not asked
     (an estimate skips `no-gpu`: it predicts a GPU without one)."""
+    techniques = traits_of(cfg)
     for rule in RULES:
-        if rule.name not in skip and rule.refuses(cfg, hw):
+        if rule.name not in skip and rule.refuses(techniques, hw):
             raise Unsupported(f"{rule.name}: {rule.reason}")
 
 

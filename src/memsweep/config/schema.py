@@ -3,6 +3,10 @@
 Hydra merges each `conf/<group>/<option>.yaml` into the dataclass of its group, so an unknown key
 ("Key 'lrr' not in 'OptimConf'") or a wrong type ("could not be converted to Float") is refused by
 OmegaConf before any code runs. Enums list the allowed values in their error message.
+
+One way to say "off": a group is off when its option is `none` (`name: none`; `is_on` asks). The
+other keys of a group say how it runs when it is on; what each option means belongs to the group's
+module in techniques/ (`traits`).
 """
 from dataclasses import dataclass, field
 from enum import Enum
@@ -12,8 +16,13 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import II
 
-# conf/: one folder per config group (train.py composes it; the estimate CLI and hardware=auto read it too).
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"  # one folder per config group
+OFF = "none"  # the option name of a group that is off
+
+
+def is_on(section) -> bool:
+    """Whether a config group is on: its option is anything but `none`."""
+    return str(getattr(section.name, "value", section.name)) != OFF
 
 
 class Mode(str, Enum):
@@ -45,8 +54,7 @@ class ModelConf:
     # shipped with memsweep (src/memsweep/archs/<name>.json) or a config.json / model folder path.
     config: Optional[str] = None
     architecture: Optional[str] = None  # else a transformers model_type (bert, llama, qwen2, gpt2, ...)
-    # Overrides of the architecture's config keys (model.py); null = the config's own value.
-    vocab_size: Optional[int] = None
+    vocab_size: Optional[int] = None  # these size keys override the config.json (null: its own)
     hidden_size: Optional[int] = None
     num_layers: Optional[int] = None
     num_heads: Optional[int] = None
@@ -138,8 +146,7 @@ class OptimConf:
 
 @dataclass
 class CheckpointingConf:
-    name: str = "none"
-    enabled: bool = False
+    name: str = "none"  # none | full
 
 
 @dataclass
@@ -169,7 +176,6 @@ class Quantize(str, Enum):
 @dataclass
 class LoraConf:
     name: str = "none"
-    enabled: bool = False
     r: int = 8
     alpha: int = 16
     dropout: float = 0.1
@@ -181,7 +187,7 @@ class LoraConf:
 @dataclass
 class DeepspeedConf:
     name: str = "none"
-    stage: Optional[int] = None  # null = DeepSpeed off
+    stage: int = 0  # ZeRO stage 0-3 (when on)
     offload_optimizer: bool = False
     offload_param: bool = False
 
@@ -194,20 +200,18 @@ class FsdpStrategy(str, Enum):
 @dataclass
 class FsdpConf:
     name: str = "none"
-    strategy: Optional[FsdpStrategy] = None  # null = FSDP off
+    strategy: FsdpStrategy = FsdpStrategy.full_shard  # (when on)
     offload: bool = False  # parameters and gradients in host memory (CPUOffloadPolicy)
 
 
 @dataclass
 class OffloadConf:
-    name: str = "none"
-    activations: bool = False  # torch.autograd.graph.save_on_cpu
+    name: str = "none"  # none | activations (torch.autograd.graph.save_on_cpu)
 
 
 @dataclass
 class CompileConf:
-    name: str = "off"
-    enabled: bool = False
+    name: str = "none"  # none | on
 
 
 class AttentionImpl(str, Enum):
@@ -223,8 +227,7 @@ class AttentionConf:
 
 @dataclass
 class InitConf:
-    name: str = "default"
-    on_device: bool = False
+    name: str = "none"  # none | device (weights made straight on the target device)
 
 
 @dataclass
@@ -257,8 +260,7 @@ class HardwareConf:
 
 @dataclass
 class LoggerConf:
-    name: str = "wandb"
-    enabled: bool = True
+    name: str = "wandb"  # wandb | none
     project: str = "memsweep"
     entity: Optional[str] = None
     tags: list[str] = field(default_factory=list)
@@ -332,8 +334,7 @@ class Config:
     # What a job shows while it trains and evaluates, and a sweep before each job (progress.py).
     progress: Progress = Progress.auto
     threads: Optional[int] = None  # torch intra-op threads; null = torch's default
-    # Keep freed host memory for the next step instead of returning it to the OS (glibc malloc; see
-    # host_memory.py): far fewer page faults per step. Once on, it stays on for the rest of the process.
+    # Keep freed host memory for the next step (glibc malloc, run/host_memory.py): far fewer page faults.
     malloc_reuse: bool = True
     # Before training, take the largest micro-batch the estimator says fits the hardware profile and
     # raise gradient accumulation so batch_size is kept (recorded in effective.autofit)...
@@ -341,8 +342,7 @@ class Config:
     # ...keeping this fraction of the capacity free for what the estimate does not see (the CUDA
     # allocator's fragmentation; malloc arenas and thread stacks under a CPU memory_gib cap).
     autofit_headroom: float = 0.15
-    # Anything a preset wants to carry (e.g. the ladder's row name) without a schema change.
-    tags: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, Any] = field(default_factory=dict)  # what a preset carries (e.g. the ladder row name)
 
 
 def register_configs() -> None:

@@ -107,7 +107,7 @@ RANGES: dict[str, Check] = {
     "lora.r": POSITIVE_INT,
     "lora.alpha": POSITIVE,
     "lora.dropout": FRACTION,
-    "deepspeed.stage": (lambda v: v in (None, 0, 1, 2, 3), "null (off) or a ZeRO stage 0, 1, 2 or 3"),
+    "deepspeed.stage": (lambda v: v in (0, 1, 2, 3), "a ZeRO stage 0, 1, 2 or 3"),
     "dataloader.num_workers": NON_NEGATIVE,
     "dataloader.prefetch_factor": OPTIONAL_POSITIVE,
     "hardware.memory_gib": OPTIONAL_POSITIVE,

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.schema import Config
+from ..config.schema import Config, is_on
 from ..techniques import precision
 from .inventory import Inventory
 
@@ -170,7 +170,7 @@ def activations(inv: Inventory, sh: Shape, pr: Precision, job: Config, device: s
     ffn_grad = max(0, T * i * pr.matmul - T * h * pr.hidden)
     attn = attention_transient(sh, pr, device, attention, recording=True)
     moments: dict[str, int] = {}
-    if n_recording and not job.checkpointing.enabled:
+    if n_recording and not is_on(job.checkpointing):
         saved = emb + n_recording * per_layer + head + weights
         moments["forward: last attention"] = saved - after_attention - head + attn
         moments["forward: last layernorm"] = saved + last_ln
@@ -195,4 +195,4 @@ def activations(inv: Inventory, sh: Shape, pr: Precision, job: Config, device: s
     if n_recording < sh.layers:  # layers running without autograd: only their working set
         moments["forward: frozen layer"] = emb + attention_transient(sh, pr, device, attention, recording=False)
     return {"saved": saved, "moments": moments, "per_layer": layer,
-            "first_layer": first_layer if job.checkpointing.enabled and n_recording else None}
+            "first_layer": first_layer if is_on(job.checkpointing) and n_recording else None}

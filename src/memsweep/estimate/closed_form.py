@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..config.schema import Config, HardwareConf
+from ..config.schema import Config, HardwareConf, is_on
 from ..techniques import optim as optim_traits
 from . import decoder_moments
 from .activations import Precision, Shape, activations, shape_of
@@ -103,16 +103,16 @@ def closed_form(inv: Inventory, config, job: Config, plan, profile: HardwareConf
                 optimizer=optimizer_state(inv, optim, job.optim.momentum, (optim_kwargs or {}).get("optim_bits")),
                 temp=optimizer_temporaries(inv, optim, device, job.optim.weight_decay))
     notes: list[str] = []
-    if job.deepspeed.stage is not None:
+    if is_on(job.deepspeed):
         st, pr = deepspeed_states(st, inv, job, profile, pr, plan.nproc)
         notes.append("DeepSpeed (closed form only): ZeRO's per-process states with DeepSpeed's flat fp32 "
                      "buffers; checked on one CPU process, not on GPUs or several processes")
     if isinstance(sh, DecoderShape):
-        quantize = job.lora.quantize.value if job.lora.enabled else "none"
+        quantize = job.lora.quantize.value if is_on(job.lora) else "none"
         act = decoder_moments.activations(inv, sh, pr, job, device, quantize)
     else:
         act = activations(inv, sh, pr, job, device, own_autocast=plan.autocast_dtype is not None)
-    if job.offload.activations and device == "cuda":
+    if is_on(job.offload) and device == "cuda":
         # save_on_cpu: saved tensors go to host memory; a layer's working set stays on the device
         per_layer = sum(act["per_layer"].values())
         act = {**act, "saved": 0, "moments": {k: min(v, 2 * per_layer) for k, v in act["moments"].items()}}
@@ -194,6 +194,6 @@ def deepspeed_states(st: States, inv: Inventory, job: Config, profile: HardwareC
 def flops(inv: Inventory, sh: Shape, job: Config) -> int:
     """Matmul FLOPs of one micro-batch's forward and backward (2 per multiply-add); the head runs on
     one (pooled) token per sequence."""
-    total = layer_flops(inv, sh.micro_batch, sh.seq_len, sh.hidden, job.checkpointing.enabled)
+    total = layer_flops(inv, sh.micro_batch, sh.seq_len, sh.hidden, is_on(job.checkpointing))
     head = 2 * sh.micro_batch * inv.head_linear_weights
     return total + head * 3

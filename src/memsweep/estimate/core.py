@@ -157,16 +157,17 @@ def device_counters(chosen: dict[str, Any], traced: Optional[dict[str, Any]], co
 
 def notes_for(job: Config, plan, profile: HardwareConf) -> list[str]:
     notes = []
-    if job.compile.enabled:
+    t = plan.techniques
+    if t.compile.on:
         notes.append("compile=on is estimated as eager execution")
     if plan.nproc > 1 and not plan.process_group:  # plain DDP
         notes.append("per process; DDP's gradient buckets are not included")
-    if job.fsdp.strategy is not None and not job.fsdp.offload:
+    if t.fsdp.on and not t.fsdp.offload:
         notes.append(f"FSDP: rank 0 of {plan.nproc} traced among fake ranks, wrapped as Accelerate wraps the job; "
                      "checked against real CPU ranks where the peak is in forward or backward. Not matched: at the "
                      "optimizer step a real rank still held a gradient of the largest unit in full, and with "
                      "accumulation the trace holds more than a real rank did")
-    if profile.device == "cuda" and optim_traits(job.optim.hf_name).paged:
+    if profile.device == "cuda" and t.optim.paged:
         notes.append("paged optimizer state counted as device memory: bitsandbytes keeps it in unified memory, "
                      "outside PyTorch's allocator, on the GPU until the GPU runs short")
     if profile.device == "cuda":

@@ -12,6 +12,7 @@ The measured step pads its batch to max_seq_len: with padding transformers mater
 head (repeat_kv) before SDPA, and SDPA turns the mask into a float one of the query's dtype in every
 layer. The embeddings, the head, the loss and the moments are in decoder_moments.py.
 """
+from ..config.schema import is_on
 from dataclasses import dataclass
 from typing import Optional
 
@@ -73,7 +74,7 @@ def decoder_shape(config, job, micro_batch: int) -> Optional[DecoderShape]:
     model_type = getattr(config, "model_type", "")
     b, s = micro_batch, job.max_seq_len
     causal = job.task.name.value == "causal_lm"
-    cache = bool(getattr(config, "use_cache", True)) and not job.checkpointing.enabled
+    cache = bool(getattr(config, "use_cache", True)) and not is_on(job.checkpointing)
     if model_type in LLAMA_FAMILY and getattr(config, "hidden_act", "silu") == "silu":
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

@@ -16,7 +16,7 @@ buffers and optimizer state; closed_form.py adds the optimizer step):
 """
 from typing import Any
 
-from ..config.schema import Config
+from ..config.schema import Config, is_on
 from .activations import Precision
 from .decoder import DecoderShape, Layer, backward_transient, casts, checkpoint_shared, kv_cache, layer_activations, mask_bytes
 from .inventory import Inventory, layer_flops
@@ -109,7 +109,7 @@ def activations(inv: Inventory, sh: DecoderShape, pr: Precision, job: Config, de
                        if quantize != "none" and t.nbytes < t.numel * t.elem), default=0)
 
     per_layer = [sum(terms.values()) for _, terms in recorded]
-    if job.checkpointing.enabled:  # each checkpointed layer keeps only its input (the mask is in `model`)
+    if is_on(job.checkpointing):  # each checkpointed layer keeps only its input (the mask is in `model`)
         kept = len(recorded) * T * h * pr.hidden
         layer_held, casts_until_end = 0, all_layer_weights
     else:
@@ -147,7 +147,7 @@ def activations(inv: Inventory, sh: DecoderShape, pr: Precision, job: Config, de
     # the layer (its tensors and its weights' casts) while the checkpointed inputs are kept
     last_act = sum(model.values()) + kept + layer_held
     first_act = sum(model.values()) + sum(first_terms.values()) + layer_weights(first_ly)
-    if job.checkpointing.enabled:
+    if is_on(job.checkpointing):
         last_act += sum(last.values()) + layer_weights(last_ly) - checkpoint_shared(sh, pr, last_ly)
         first_act += T * h * pr.hidden - checkpoint_shared(sh, pr, first_ly)
     backward["backward: last layer"] = (head_grads, last_act + backward_transient(sh, pr, last_ly, dequantized), tied)
@@ -162,6 +162,6 @@ def activations(inv: Inventory, sh: DecoderShape, pr: Precision, job: Config, de
 def flops(inv: Inventory, sh: DecoderShape, job: Config) -> int:
     """Matmul FLOPs of one micro-batch's forward and backward (2 per multiply-add); the head runs on every token."""
     T = sh.tokens
-    total = layer_flops(inv, sh.micro_batch, sh.seq_len, sh.q_width, job.checkpointing.enabled)
+    total = layer_flops(inv, sh.micro_batch, sh.seq_len, sh.q_width, is_on(job.checkpointing))
     head = 2 * T * inv.head_linear_weights
     return total + head * (3 if inv.trainable_head_linear_weights else 2)

@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..config.schema import Config
+from ..config.schema import Config, is_on
 
 
 @dataclass
@@ -58,7 +58,7 @@ def inventory(model, job: Config, structure) -> Inventory:
 
     decay = set(Trainer.get_decay_parameter_names(None, model))  # Trainer's own grouping; `self` unused
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    quantize = job.lora.quantize.value if job.lora.enabled else "none"
+    quantize = job.lora.quantize.value if is_on(job.lora) else "none"
     skip = list(structure.quantize_skip)
     layers_module = structure.layers
     # bitsandbytes replaces linear layers only: an embedding's 2-D weight stays as it is
@@ -95,7 +95,7 @@ def inventory(model, job: Config, structure) -> Inventory:
         trainable_head_linear_weights=sum(w.numel() for w in head if w.requires_grad),
         trainable_layers=trainable_layers,
         embeddings_trainable=any(t.trainable for t in params if t.layer is None and _under(t.name, structure.embeddings)),
-        lora_rank=job.lora.r if job.lora.enabled else 0,
+        lora_rank=job.lora.r if is_on(job.lora) else 0,
         lora_modules_per_layer=len(lora_in_layer0),
         tied_head=any(id(w) in embeddings for w in head),
     )

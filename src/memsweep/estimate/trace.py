@@ -24,16 +24,17 @@ class Untraceable(Exception):
 
 
 def untraceable_reason(job: Config, plan) -> Optional[str]:
-    if job.lora.enabled and job.lora.quantize.value == "int8" and plan.device == "cuda":
+    t = plan.techniques
+    if t.lora.quantize == "int8" and plan.device == "cuda":
         # On a CPU bitsandbytes trains 8-bit layers by dequantizing the weight (MatMul8bitFp), which traces
         return "LLM.int8 on a GPU (MatMul8bitLt) splits out outlier columns found in the values: no fake kernel"
-    if job.deepspeed.stage is not None:
+    if t.deepspeed.on:
         return "DeepSpeed's engine partitions and casts the model itself; it cannot run on fake tensors"
-    if job.fsdp.strategy is not None and job.fsdp.offload:
+    if t.fsdp.offload:
         return "FSDP's CPU offload keeps parameters in host memory, which a trace on the CPU cannot tell apart"
-    if job.fsdp.strategy is not None and job.lora.enabled and job.lora.quantize.value != "none":
+    if t.fsdp.on and t.lora.quantize is not None:
         return "FSDP with bitsandbytes-quantized layers is not traced"
-    if job.offload.activations:
+    if t.offload.activations:
         return "save_on_cpu copies to pinned host memory, which a CPU-only torch cannot fake"
     return None
 
@@ -279,7 +280,7 @@ def trace(job: Config, profile: HardwareConf, plan, model) -> dict[str, Any]:
     # TrainingArguments asked for outside the fake process group (inside, they warn it is not theirs)
     spec = optimizer_spec(plan, model)
     with contextlib.ExitStack() as stack:
-        if job.fsdp.strategy is not None:  # rank 0 of nproc, wrapped as Accelerate wraps the real job
+        if plan.techniques.fsdp.on:  # rank 0 of nproc, wrapped as Accelerate wraps the real job
             args = training_arguments(plan, ("fsdp", "fsdp_config", "bf16", "fp16"))
             stack.enter_context(sharded.fake_process_group(plan.nproc))
             model = sharded.shard(model, args.fsdp_plugin_args, accelerate_dtype(plan))

@@ -22,6 +22,8 @@ class Plan:
     lr: float = 1e-4
     task: str = "classification"  # schema.TaskName: LoRA's task type
     structure: Optional[Structure] = None
+    # What every group's option means (techniques.Techniques): what the estimator and reports read.
+    techniques: Any = None
     # Keyword arguments of `from_pretrained` (dtype, attn_implementation, quantization_config, device_map).
     load_kwargs: dict[str, Any] = field(default_factory=dict)
     # `transformers.TrainingArguments` fields.

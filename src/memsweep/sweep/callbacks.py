@@ -61,6 +61,7 @@ class SweepReport(Callback):
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from ..config.schema import is_on
         from . import report, sweepdir
 
         sweep_dir = str(config.hydra.sweep.dir)
@@ -74,7 +75,7 @@ class SweepReport(Callback):
         print("\n" + summary.markdown, flush=True)
         print(f"[memsweep] summary: {Path(sweep_dir) / 'summary.md'} (and summary.csv, memory.png, tradeoff.png)")
         logger = OmegaConf.select(config, "logger")
-        if logger is not None and logger.enabled:
+        if logger is not None and is_on(logger):
             run_dir = report.log_to_wandb(summary, logger, sweepdir.group_of(Path(sweep_dir), summary.jobs))
             print(f"[memsweep] W&B summary run: {run_dir}", flush=True)
         if summary.failed:

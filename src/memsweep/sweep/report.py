@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pandas as pd
 from omegaconf import OmegaConf
 
+from ..config.schema import is_on
 from ..measure import shapes
 from ..run import results
 from . import plots, sweepdir
@@ -218,7 +219,7 @@ def write(summary: Summary) -> dict[str, Path]:
 
 def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
     """One job_type=summary run in the sweep's group: the table and both plots. Returns its run dir."""
-    if not logger_cfg.enabled:
+    if not is_on(logger_cfg):
         return None
     import wandb
 
@@ -276,7 +277,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         # the sweep's own project/entity/tags; asked for explicitly, so logged even if the sweep had logger=none
         saved = sweepdir.multirun_value(sweep_dir, "logger")
-        logger_cfg = OmegaConf.merge(OmegaConf.structured(LoggerConf), saved or {}, {"enabled": True})
+        logger_cfg = OmegaConf.merge(OmegaConf.structured(LoggerConf), saved or {}, {"name": "wandb"})
         group = sweepdir.group_of(sweep_dir, summary.jobs)
         print(f"W&B summary run (group {group}): {log_to_wandb(summary, logger_cfg, group)}")
     return 0

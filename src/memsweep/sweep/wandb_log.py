@@ -8,6 +8,10 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config.schema import is_on
+
+TAG_LIMIT = 64  # wandb refuses a longer tag ("Tags must be between 1 and 64 characters"): an override with a path
+
 
 def _use_job_dir(job_dir: Path) -> None:
     # wandb otherwise writes under ~/.cache/wandb and ~/.local/share/wandb even offline.
@@ -22,14 +26,15 @@ def _use_job_dir(job_dir: Path) -> None:
 def start(cfg, job_dir: Path, group: str, name: str, job_type: str, config: dict[str, Any],
           tags: list[str]) -> Optional[Any]:
     """A W&B run, or None when `logger=none`. Online without a reachable server falls back to offline."""
-    if not cfg.enabled:
+    if not is_on(cfg):
         return None
     import wandb
 
     _use_job_dir(job_dir)
     mode = os.environ.get("WANDB_MODE", "offline")
     kwargs = dict(project=cfg.project, entity=cfg.entity, group=group, name=name, job_type=job_type,
-                  config=config, tags=list(tags) + list(cfg.tags), dir=str(job_dir), reinit="finish_previous")
+                  config=config, tags=[t[:TAG_LIMIT] for t in [*tags, *cfg.tags]], dir=str(job_dir),
+                  reinit="finish_previous")
     if mode == "online":
         try:
             return wandb.init(mode="online", settings=wandb.Settings(init_timeout=cfg.init_timeout_s, silent=True),

@@ -1,11 +1,18 @@
 """One module per config group. Each exposes `apply(section, plan)`, reading only its own section and
-the plan (plan.py carries what a technique needs from outside its group).
+the plan (plan.py carries what a technique needs from outside its group), and, where others ask what
+its options mean, `traits(section)`.
 
 `APPLY_ORDER` is the order the groups write into the plan (and so the order of model transforms):
 the model is loaded (precision, attention, init, lora quantization), then frozen, then wrapped by
 LoRA, then checkpointed.
+
+`Techniques` is every group's traits for one job: what the rules, the estimator and the reports read
+(through the plan), so no module outside a group interprets that group's keys.
 """
-from . import accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, fsdp, init, lora, offload, optim, precision
+from dataclasses import dataclass
+
+from . import (accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, fsdp, init,
+               lora, offload, optim, precision)
 
 APPLY_ORDER = [
     ("precision", precision),
@@ -22,6 +29,28 @@ APPLY_ORDER = [
     ("fsdp", fsdp),
     ("dataloader", dataloader),
 ]
+
+
+@dataclass(frozen=True)
+class Techniques:
+    precision: precision.Traits
+    optim: optim.Traits
+    attention: attention.Traits
+    lora: lora.Traits
+    checkpointing: checkpointing.Traits
+    offload: offload.Traits
+    compile: compile.Traits
+    deepspeed: deepspeed.Traits
+    fsdp: fsdp.Traits
+
+
+def traits_of(job) -> Techniques:
+    """What each group's option means for this job, asked of the group's own module."""
+    return Techniques(precision=precision.traits(job.precision.name), optim=optim.traits(job.optim.hf_name),
+                      attention=attention.traits(job.attention), lora=lora.traits(job.lora),
+                      checkpointing=checkpointing.traits(job.checkpointing), offload=offload.traits(job.offload),
+                      compile=compile.traits(job.compile), deepspeed=deepspeed.traits(job.deepspeed),
+                      fsdp=fsdp.traits(job.fsdp))
 
 
 def apply_all(job, plan) -> None:

@@ -1,5 +1,15 @@
 """attention: sdpa | eager | flash_attention_2 (the model's attention kernel)."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Traits:
+    implementation: str  # transformers' attn_implementation
+
+
+def traits(cfg) -> Traits:
+    return Traits(implementation=cfg.implementation.value)
 
 
 def apply(cfg, plan) -> None:
-    plan.load_kwargs["attn_implementation"] = cfg.implementation.value
+    plan.load_kwargs["attn_implementation"] = traits(cfg).implementation

@@ -1,4 +1,16 @@
 """checkpointing: none | full (non-reentrant gradient checkpointing of every layer)."""
+from dataclasses import dataclass
+
+from ..config.schema import is_on
+
+
+@dataclass(frozen=True)
+class Traits:
+    on: bool  # every block's forward recomputed in backward; only its input kept
+
+
+def traits(cfg) -> Traits:
+    return Traits(on=is_on(cfg))
 
 
 def enable(model):
@@ -13,5 +25,5 @@ def enable(model):
 
 
 def apply(cfg, plan) -> None:
-    if cfg.enabled:
+    if traits(cfg).on:
         plan.model_transforms.append(enable)

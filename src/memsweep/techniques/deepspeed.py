@@ -3,6 +3,29 @@
 The DeepSpeed JSON is generated from the composed config, with "auto" wherever Trainer fills the value
 in from its own arguments, so batch size, accumulation, precision and clipping never disagree.
 """
+from dataclasses import dataclass
+from typing import Optional
+
+from ..config.schema import is_on
+
+
+@dataclass(frozen=True)
+class Traits:
+    stage: Optional[int]  # the ZeRO stage; None = DeepSpeed off
+    offload_optimizer: bool  # optimizer state and its step on the host (CPUAdam)
+    offload_param: bool  # stage 3's parameters in host memory
+
+    @property
+    def on(self) -> bool:
+        return self.stage is not None
+
+
+def traits(cfg) -> Traits:
+    on = is_on(cfg)
+    return Traits(stage=cfg.stage if on else None, offload_optimizer=on and cfg.offload_optimizer,
+                  offload_param=on and cfg.offload_param)
+
+
 def ds_config(cfg) -> dict:
     # "auto" bucket sizes: Trainer sizes them from the model's hidden size. DeepSpeed's own default
     # (5e8 elements) allocates ~1.9 GiB of fp32 reduce buckets whatever the model.
@@ -32,6 +55,6 @@ def ds_config(cfg) -> dict:
 
 
 def apply(cfg, plan) -> None:
-    if cfg.stage is not None:
+    if traits(cfg).on:
         plan.process_group = True
         plan.args["deepspeed"] = ds_config(cfg)

@@ -13,16 +13,31 @@ Trainer's `fsdp` / `fsdp_config`, so Accelerate shards the model exactly as it d
   builds its Trainer); under torchrun the group is the launcher's and every rank holds 1/world_size
   of each parameter.
 """
-from ..config.schema import FsdpStrategy
+from dataclasses import dataclass
+
+from ..config.schema import FsdpStrategy, is_on
 from ..run.model import find_module
 
 
-def fsdp_config(cfg) -> dict:
+@dataclass(frozen=True)
+class Traits:
+    on: bool
+    reshard_after_forward: bool  # full_shard frees gathered parameters after forward; shard_grad_op keeps them
+    offload: bool  # sharded parameters, their gradients and the optimizer's step in host memory
+
+
+def traits(cfg) -> Traits:
+    on = is_on(cfg)
+    return Traits(on=on, reshard_after_forward=on and cfg.strategy == FsdpStrategy.full_shard,
+                  offload=on and cfg.offload)
+
+
+def fsdp_config(t: Traits) -> dict:
     """Trainer's `fsdp_config` for the option (transformers 5.23 keys)."""
     return {
         "version": 2,
-        "reshard_after_forward": cfg.strategy == FsdpStrategy.full_shard,
-        "cpu_offload": cfg.offload,
+        "reshard_after_forward": t.reshard_after_forward,
+        "cpu_offload": t.offload,
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
     }
 
@@ -35,10 +50,11 @@ def wrap_layers(model, config: dict, layers_module: str):
 
 
 def apply(cfg, plan) -> None:
-    if cfg.strategy is None:
+    t = traits(cfg)
+    if not t.on:
         return
     plan.process_group = True
-    config = fsdp_config(cfg)
+    config = fsdp_config(t)
     plan.args["fsdp"] = True
     plan.args["fsdp_config"] = config
     layers = plan.structure.layers

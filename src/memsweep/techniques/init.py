@@ -1,6 +1,18 @@
-"""init: default | device (instantiate the weights directly on the target device, no host copy first)."""
+"""init: none | device (instantiate the weights directly on the target device, no host copy first)."""
+from dataclasses import dataclass
+
+from ..config.schema import is_on
+
+
+@dataclass(frozen=True)
+class Traits:
+    on_device: bool
+
+
+def traits(cfg) -> Traits:
+    return Traits(on_device=is_on(cfg))
 
 
 def apply(cfg, plan) -> None:
-    if cfg.on_device:
+    if traits(cfg).on_device:
         plan.load_kwargs["device_map"] = plan.device

@@ -3,8 +3,27 @@
 Targets: the attention's q/k/v projections found in the model (structure.py), a list of module names,
 or `all-linear` (peft: every linear layer of the blocks, not the head). The head is trained in full.
 """
-from ..config.schema import Quantize
+from dataclasses import dataclass
+from typing import Optional
+
+from ..config.schema import Quantize, is_on
 from ..run.task import peft_task_type
+
+
+@dataclass(frozen=True)
+class Traits:
+    rank: int  # 0 = no adapters
+    quantize: Optional[str]  # the base weights bitsandbytes stores: "nf4" (4-bit), "int8" (LLM.int8), None
+
+    @property
+    def on(self) -> bool:
+        return self.rank > 0
+
+
+def traits(cfg) -> Traits:
+    on = is_on(cfg)
+    quantize = cfg.quantize.value if on and cfg.quantize != Quantize.none else None
+    return Traits(rank=cfg.r if on else 0, quantize=quantize)
 
 
 def quantization_config(quantize: Quantize, skip_modules: list[str]):
@@ -29,10 +48,11 @@ def wrap(model, cfg, structure, task_type: str):
 
 
 def apply(cfg, plan) -> None:
-    if not cfg.enabled:
+    t = traits(cfg)
+    if not t.on:
         return
     structure = plan.structure
     task_type = peft_task_type(plan.task)
-    if cfg.quantize != Quantize.none:
-        plan.load_kwargs["quantization_config"] = quantization_config(cfg.quantize, list(structure.quantize_skip))
+    if t.quantize is not None:
+        plan.load_kwargs["quantization_config"] = quantization_config(Quantize(t.quantize), list(structure.quantize_skip))
     plan.model_transforms.append(lambda model: wrap(model, cfg, structure, task_type))
