@@ -58,17 +58,20 @@ def vision(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
     raise NotModelled("a vision transformer: memsweep builds text models")
 
 
-def several_gpus(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
-    how = str(row["distributed"])
-    if how.startswith("DeepSpeed"):
-        raise NotModelled("DeepSpeed ZeRO on several GPUs: answered by the closed form, which predicts no reserved "
-                          "bytes (the counter here)")
-    missing = ["FSDP with CPU offload: parameters in host memory, not traced; the closed form predicts no reserved "
-               "bytes (the counter here)"]
+def several_gpus(row: dict[str, Any], common: dict[str, Any]) -> tuple[list[str], str]:
     if "bigbird" in str(row["model"]):
-        missing.append("BigBird-RoBERTa (block-sparse attention): no shipped config, and the sequence length is "
-                       "not stated")
-    raise NotModelled("; ".join(missing))
+        raise NotModelled("BigBird-RoBERTa (block-sparse attention): no shipped config, and the sequence length is "
+                          "not stated")
+    n, mb, acc = int(row["num_gpus"]), int(row["micro_batch"]), int(row["gradient_accumulation"])
+    job = ["model=distilbert", "hardware=a100_40gb", f"batch_size={mb * acc * n}", f"accumulation.steps={acc}",
+           "max_seq_len=512", "optim=adamw_torch", "attention=eager", f"distributed.nproc={n}"]
+    if str(row["distributed"]).startswith("DeepSpeed"):
+        job += ["deepspeed=zero2", "precision=fp16"]
+    else:  # Fabric's FSDP1 with cpu_offload=True, each TransformerBlock a unit: memsweep's FSDP2 offload
+        job += ["fsdp=full_shard_offload", "precision=bf16_true"]
+    return job, ("GPU not stated: an A100-40GB as in the source's other rows (reserved is the same on every CUDA "
+                 "profile); rank 0 of the training step, where the source prints the whole run's peak (training, "
+                 "validation and test)")
 
 
 # file stem -> how its rows become a job (or why they cannot)
@@ -111,17 +114,11 @@ def estimate(overrides: list[str], cache: dict) -> dict[str, Any]:
     if key not in cache:
         from memsweep.config import hardware, validate
         from memsweep.estimate.__main__ import compose
-        from memsweep.estimate.activations import NoClosedForm
         from memsweep.estimate.core import estimate_job
 
         job = compose(overrides)
         validate.ranges(job)
-        try:
-            cache[key] = estimate_job(job, hardware.detect(job.hardware))
-        except NoClosedForm as exc:  # neither estimator can: the row says why
-            cache[key] = NotModelled(f"no estimate: {exc}")
-    if isinstance(cache[key], NotModelled):
-        raise cache[key]
+        cache[key] = estimate_job(job, hardware.detect(job.hardware)).to_dict()
     return cache[key]
 
 

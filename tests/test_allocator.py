@@ -242,7 +242,7 @@ def test_a_gpu_profile_estimate_reports_what_the_allocator_reserves():
     def estimate(overrides):
         job = OmegaConf.to_object(compose_config(["model=tiny", "optim=adamw", "batch_size=16", "max_seq_len=128",
                                                   *overrides]))
-        return core.estimate_job(job, hardware.detect(job.hardware))
+        return core.estimate_job(job, hardware.detect(job.hardware)).to_dict()
 
     t4 = estimate(["hardware=t4"])
     model = t4["trace"]["allocator"]
@@ -272,6 +272,7 @@ def test_cublas_workspace_is_a_block_alive_through_the_step(monkeypatch):
         pass
     sizes = [e[2] for e in recorder.events if e[0] == "alloc"]
     assert sizes == [64, 16, 8_519_680]  # weight, bias, then the workspace (no optimizer state for SGD)
+    assert [recorder.categories[e[1]] for e in recorder.events] == ["params", "params", "workspace"]
 
 
 def test_a_4bit_weight_brings_its_block_scales_and_8bit_state_its_maps_once():

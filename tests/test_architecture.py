@@ -73,11 +73,8 @@ def test_the_estimate_counts_a_tied_head_once():
     from omegaconf import OmegaConf
 
     from memsweep.config import hardware
-    from memsweep.run import plan as plan_mod
-    from memsweep.estimate import arch
-    from memsweep.estimate.inventory import inventory
+    from memsweep.estimate import core
 
-    job = OmegaConf.to_object(compose_config(["model=llama-3.2-1b", "task=causal_lm", "hardware=a100_40gb"]))
-    plan = plan_mod.build_plan(job, hardware.detect(job.hardware))
-    meta = arch.meta_model(job, plan, arch.model_config(job)[0])
-    assert sum(t.numel for t in inventory(meta, job, plan.structure).params) == 1_235_814_400  # as published
+    job = OmegaConf.to_object(compose_config(["model=llama-3.2-1b", "task=causal_lm", "hardware=a100_40gb",
+                                              "batch_size=1", "max_seq_len=16"]))
+    assert core.estimate_job(job, hardware.detect(job.hardware)).total_params == 1_235_814_400  # as published

@@ -10,7 +10,7 @@ from memsweep.sweep import sweepdir
 from memsweep.errors import ConfigError
 from memsweep.estimate import __main__ as cli
 from memsweep.estimate import core, table
-from memsweep.estimate.arch import meta_model, model_config
+from memsweep.estimate.meta import model_config, traced_model
 from memsweep.run.plan import build_plan
 
 GIB = 2**30
@@ -59,9 +59,10 @@ def test_llama_combinations_per_gpu(tmp_path, capsys):
 def test_one_trace_per_device_is_exactly_the_estimate_of_each_gpu():
     common = ["task=causal_lm", "model=tiny-llama", "batch_size=2", "max_seq_len=32", "precision=fp16"]
     memo: dict = {}
-    shared = [core.estimate_job(*job_of(common + [f"hardware={gpu}"]), memo=memo) for gpu in ("a100_40gb", "t4")]
-    assert {key[0] for key in memo} == {"trace"} and len(memo) == 1  # the T4 reused the A100's trace
-    alone = core.estimate_job(*job_of(common + ["hardware=t4"]))
+    shared = [core.estimate_job(*job_of(common + [f"hardware={gpu}"]), memo=memo).to_dict()
+              for gpu in ("a100_40gb", "t4")]
+    assert len(memo) == 1  # the T4 reused the A100's trace
+    alone = core.estimate_job(*job_of(common + ["hardware=t4"])).to_dict()
     assert without_seconds(shared[1]) == without_seconds(alone)
     assert shared[0]["peak_reserved_bytes"] == shared[1]["peak_reserved_bytes"]
     assert shared[0]["device_used_bytes"] != shared[1]["device_used_bytes"]  # each GPU's CUDA context
@@ -79,7 +80,7 @@ def test_mixed_precision_keeps_fp32_weights_of_a_bf16_checkpoint():
     for precision, dtype in (("bf16", "torch.float32"), ("fp32", "torch.float32"), ("bf16_true", "torch.bfloat16")):
         job, profile = job_of(["task=causal_lm", "model=llama-3.2-1b", f"precision={precision}"])
         plan = build_plan(job, profile)
-        model = meta_model(job, plan, model_config(job)[0])
+        model = traced_model(job, plan)
         assert {str(p.dtype) for p in model.parameters()} == {dtype}, precision
 
 

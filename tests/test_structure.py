@@ -84,3 +84,26 @@ def test_no_import_cycle():
 def test_no_module_is_too_long_to_read():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+MAX_FUNCTION_LINES = 50
+
+
+def test_no_function_is_too_long_to_read():
+    # a function reads as a recipe; a longer one is a sign that a concept has no name yet
+    long = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{name}.{node.name}"] = lines
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_package_is_laid_out_in_sub_packages():
+    # the architecture shows in the tree: one sub-package per concern, a few shared modules at the top
+    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert top <= {"errors", "resume"}, top
+    assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} >= {
+        "config", "techniques", "run", "measure", "sweep", "estimate"}

@@ -1,13 +1,13 @@
 """Predict a job's peak memory, FLOPs and step time without training it (`mode=estimate`, every real
 job's `estimate`, `autofit`, and `python -m memsweep.estimate`).
 
-Two estimators, both reported:
-- trace (trace.py; the answer where it runs): a training step of the job's real model on fake
-  tensors, measured by the same tracker as real jobs. Exact on the CPU.
-- closed form (closed_form.py with inventory.py and activations.py): bytes per parameter and per
-  activation from the architecture, for what the trace cannot run (DeepSpeed, FSDP with CPU offload,
-  activation offload, LLM.int8 on a GPU) and as a cross-check everywhere else.
+One memory model: a training step of the job's real model on fake tensors, measured by the same tracker
+as real jobs (exact on the CPU), its allocations replayed through a model of the CUDA caching allocator
+on a GPU profile. Where the trace cannot run the job as it is, the answer is the trace of the nearest
+job it can run, adjusted by arithmetic whose mechanism and source are named (adjust.py).
 
-arch.py sizes the model from its config, core.py assembles an estimate, autofit.py picks a
-micro-batch, table.py prints and tabulates, __main__.py is the CLI.
+The recipe (core.estimate_job): plan -> model (meta.py: a copy of the job's meta model with the plan's
+transforms) -> trace (trace.py, on fake.py's fake tensors, one step as step.py runs it; sharded.py for
+FSDP's fake ranks; capture.py records allocations for allocator.py) or adjust -> device counters -> fit
+(result.Estimate). autofit.py picks a micro-batch, table.py prints and tabulates, __main__.py is the CLI.
 """

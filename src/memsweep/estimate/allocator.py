@@ -280,13 +280,14 @@ class CachingAllocator:
 
 
 def replay(events: Iterable[tuple], options: Options = Options()) -> Reading:
-    """Run ("alloc", key, nbytes) / ("free", key) / ("reset_peak",) events through the allocator."""
+    """Run ("alloc", key, nbytes) / ("free", key) / ("reset_peak",) events through the allocator (other
+    events, such as capture.py's marks, are not the allocator's)."""
     allocator = CachingAllocator(options)
     for event in events:
         if event[0] == "alloc":
             allocator.malloc(event[1], event[2])
         elif event[0] == "free":
             allocator.free(event[1])
-        else:
+        elif event[0] == "reset_peak":
             allocator.reset_peak()
     return allocator.reading()

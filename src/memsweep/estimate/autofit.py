@@ -33,7 +33,7 @@ def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[
         steps = per_process // micro
         trial = dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, steps=steps,
                                                                           name=f"x{steps}"))
-        return estimate_job(trial, profile)["total_bytes"] <= budget
+        return estimate_job(trial, profile).total_bytes <= budget
 
     if fits(per_process):
         return per_process, 1

@@ -13,6 +13,13 @@ the caching allocator at the first matmul and keeps (cublas_workspace_bytes), an
 with which FSDP frees and re-allocates its unsharded parameters in place (patched while recording, as
 MemTracker does: a resize frees the storage's block and allocates one of the new size). Not seen at
 all: the CUDA context (the profile's overhead) and cuDNN's own workspaces.
+
+Every block has a category, the ledger's names: params, buffers and optimizer for what the step starts
+with, grads once backward has made them (`tag_grads`), temp for what the optimizer step allocates,
+activations for the rest, workspace for cuBLAS's (not a tensor: the ledger does not count it);
+("mark", name) events say where the step is (forward, backward, step, end).
+So the events can be adjusted by category (adjust.py) and read as the ledger reads a step
+(`tensor_reading`: the same storages MemTracker counts) or as the GPU's allocator sees them.
 """
 import itertools
 import os
@@ -30,23 +37,29 @@ from .allocator import Options, replay
 
 
 class Recorder(TorchDispatchMode):
-    """Records ("alloc", key, nbytes) / ("free", key) events in `self.events`, as allocator.replay takes them."""
+    """Records ("alloc", key, nbytes) / ("free", key) / ("mark", name) events in `self.events`, as
+    allocator.replay takes them, and each block's category in `self.categories`."""
 
     def __init__(self, tensors=()):
         super().__init__()
         self.events: list[tuple] = []
-        self.seed = list(tensors)  # alive before recording: allocated first, in this order
+        # alive before recording, allocated first in this order: tensors, ints (a block no tensor stands
+        # for: a library workspace), or (category, either) pairs
+        self.seed = [t if isinstance(t, tuple) else ("params", t) for t in tensors]
         self.seen = WeakIdKeyDictionary()  # storage -> [its block's key, or None]; holds no storage alive
         self.finalizers: list[weakref.finalize] = []
         self.keys = itertools.count()
+        self.categories: dict = {}  # block key -> category
+        self.phase = "activations"  # the category of what is allocated now
         self.resize = None
 
     def __enter__(self):
-        for n, t in enumerate(self.seed):
-            if isinstance(t, int):  # a block no tensor stands for (a library workspace), alive throughout
+        for n, (category, t) in enumerate(self.seed):
+            if isinstance(t, int):
                 self.events.append(("alloc", f"block{n}", t))
+                self.categories[f"block{n}"] = category
             else:
-                self.see(t)
+                self.see(t, category)
         self.seed = []
         self.resize = torch.UntypedStorage.resize_
 
@@ -64,23 +77,40 @@ class Recorder(TorchDispatchMode):
             f.detach()
         return super().__exit__(*exc)
 
-    def see(self, t) -> None:
+    def see(self, t, category=None) -> None:
         # a wrapper subclass (FSDP's DTensor) holds no memory of its own: its inner tensors do, and
         # they are seen when its own dispatch runs the op on them
         if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t):
-            self.see_storage(t.untyped_storage())
+            self.see_storage(t.untyped_storage(), category)
 
-    def see_storage(self, storage) -> list:
+    def see_storage(self, storage, category=None) -> list:
         if storage not in self.seen:
             self.seen[storage] = block = [None]
-            self.allocate(block, storage.nbytes())
+            self.allocate(block, storage.nbytes(), category)
             self.finalizers.append(weakref.finalize(storage, self.release, block))
         return self.seen[storage]
 
-    def allocate(self, block: list, nbytes: int) -> None:
+    def allocate(self, block: list, nbytes: int, category=None) -> None:
         if nbytes:  # an empty storage holds no block (the allocator returns no memory for 0 bytes)
             block[0] = next(self.keys)
             self.events.append(("alloc", block[0], nbytes))
+            self.categories[block[0]] = category or self.phase
+
+    def mark(self, name: str) -> None:
+        """Where the step is: forward, backward, step (the optimizer's: what it allocates is temp), end."""
+        self.events.append(("mark", name))
+        self.phase = "temp" if name == "step" else "activations"
+
+    def tag(self, t, category: str) -> None:
+        """Give the block holding `t` a category (a gradient once backward has made it)."""
+        block = self.seen.get(t.untyped_storage()) if isinstance(t, torch.Tensor) else None
+        if block is not None and block[0] is not None:
+            self.categories[block[0]] = category
+
+    def tag_grads(self, model) -> None:
+        for p in model.parameters():
+            if p.grad is not None:
+                self.tag(sharded.local(p.grad), "grads")
 
     def release(self, block: list) -> None:
         if block[0] is not None:
@@ -114,27 +144,28 @@ def cublas_workspace_bytes() -> int:
     return sum(int(kib) * 1024 * int(count) for kib, count in pairs)
 
 
-def alive_at_step(model, optimizer) -> list:
-    """What a measured step starts with on a GPU, in the order it was allocated: the weights and
-    buffers as model.to("cuda") makes them (Module._apply: children first, then a module's own
-    parameters, then its buffers), cuBLAS's workspace (the first forward's first matmul), gradients if
-    any are kept, then the optimizer's state (made by the first step). Ints are blocks without a tensor."""
+def alive_at_step(model, optimizer, workspace: bool = True) -> list[tuple[str, Any]]:
+    """What a measured step starts with, by category, in the order it was allocated on a GPU: the weights
+    and buffers as model.to("cuda") makes them (Module._apply: children first, then a module's own
+    parameters, then its buffers), cuBLAS's workspace (the first forward's first matmul; `workspace`),
+    gradients if any are kept, then the optimizer's state (made by the first step). Ints are blocks
+    without a tensor."""
     def load_order(module):
         for child in module.children():
             yield from load_order(child)
         for t in module._parameters.values():
             if t is not None:
-                yield t
-                yield from quantization_state(t)
-        yield from (t for t in module._buffers.values() if t is not None)
+                yield "params", t
+                yield from (("params", q) for q in quantization_state(t))
+        yield from (("buffers", t) for t in module._buffers.values() if t is not None)
 
-    loaded = list(load_order(model))
-    params = [sharded.local(t) for t in loaded]
-    grads = [sharded.local(p.grad) for p in loaded if getattr(p, "grad", None) is not None]
+    loaded = [(category, sharded.local(t)) for category, t in load_order(model)]
+    grads = [("grads", sharded.local(t.grad)) for category, t in load_order(model)
+             if category == "params" and getattr(t, "grad", None) is not None]
     # bitsandbytes gives every parameter's state the same quantization maps: each tensor once
-    state = list({id(v): sharded.local(v) for s in optimizer.state.values() for v in s.values()
-                  if isinstance(v, torch.Tensor)}.values())
-    return params + [cublas_workspace_bytes()] + grads + state
+    state = {id(v): ("optimizer", sharded.local(v)) for s in (optimizer.state.values() if optimizer else ())
+             for v in s.values() if isinstance(v, torch.Tensor)}
+    return loaded + ([("workspace", cublas_workspace_bytes())] if workspace else []) + grads + list(state.values())
 
 
 def quantization_state(weight) -> list:
@@ -154,6 +185,30 @@ def alloc_conf() -> str | None:
     """This process's allocator settings, which the job will run with: c10's AllocatorConfig::instance
     reads PYTORCH_ALLOC_CONF, else the older PYTORCH_CUDA_ALLOC_CONF."""
     return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+
+
+def tensor_reading(events, categories: dict) -> dict[str, Any]:
+    """The events read as the ledger reads a step (the same storages MemTracker counts, in tensor bytes):
+    the peak and what it is made of, what is held for backward when backward starts (the largest over
+    micro-batches), the gradients' and the optimizer state's own maxima."""
+    sizes, live, peak, at_peak, held, most = {}, {}, 0, {}, 0, {"grads": 0, "optimizer": 0}
+    for event in events:
+        if event[0] in ("alloc", "free") and categories.get(event[1]) == "workspace":
+            continue  # a library's block, not a tensor: the allocator's reading counts it
+        if event[0] == "alloc":
+            sizes[event[1]] = event[2]
+            category = categories.get(event[1], "activations")
+            live[category] = live.get(category, 0) + event[2]
+            if sum(live.values()) > peak:
+                peak, at_peak = sum(live.values()), dict(live)
+            most = {k: max(v, live.get(k, 0)) for k, v in most.items()}
+        elif event[0] == "free":
+            category = categories.get(event[1], "activations")
+            live[category] -= sizes.pop(event[1])
+        elif event == ("mark", "backward"):
+            held = max(held, live.get("activations", 0))
+    return {"peak_bytes": peak, "breakdown": at_peak, "activations_bytes": held, "grads_bytes": most["grads"],
+            "optimizer_bytes": most["optimizer"]}
 
 
 def allocator_reading(events, conf: str | None = None) -> dict[str, Any]:

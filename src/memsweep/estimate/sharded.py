@@ -36,6 +36,11 @@ def shard(model, plugin_args: dict, autocast_dtype):
     from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 
     plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    # A real job's 4-bit weights are packed uint8, which Accelerate leaves out of sharding (every rank
+    # holds them whole); the trace's are quantized after sharding, so their layers are left out here
+    quantized = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
+    if quantized:
+        plugin.ignored_modules = quantized
     mixed = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast_dtype, "no")
     if mixed != "no":
         plugin.set_mixed_precision(mixed)

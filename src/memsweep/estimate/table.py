@@ -30,15 +30,12 @@ TABLE_PARTS = ("params", "grads", "optimizer", "activations", "temp", "overhead"
 def _row(est: dict[str, Any], with_shapes: bool) -> dict[str, str]:
     bd = est["breakdown"]
     parts = {**bd, "temp": bd.get("temp", 0) + bd.get("buffers", 0) + bd.get("other", 0)}
-    diff = est.get("closed_form_vs_trace_pct")
     row = {"method": est["method"], "total GiB": _gib(est["total_bytes"]),
            **({"allocated GiB": _gib(est["peak_allocated_bytes"]), "reserved GiB": _gib(est["peak_reserved_bytes"]),
                "used GiB": _gib(est["device_used_bytes"])} if est["device"] == "cuda" else {}),
            **{p: _gib(parts.get(p, 0)) for p in TABLE_PARTS},
            "capacity GiB": _gib(est["capacity_bytes"]), "fits": {True: "yes", False: "**no**", None: "?"}[est["fits"]],
            "margin GiB": _gib(est["margin_bytes"]),
-           "closed form GiB": _gib(est["closed_form"]["peak_bytes"] + est["overhead_bytes"]) if est["closed_form"] else "-",
-           "closed vs trace": "-" if diff is None else f"{diff:+.1f}%",
            "TFLOP/step": f"{est['flops_per_step'] / 1e12:.2f}",
            "ms/step at peak": "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f}"}
     if with_shapes:
@@ -72,7 +69,7 @@ def sweep_table(jobs: list[sweepdir.SweepJob]) -> str:
     if any(est is not None and est["device"] == "cuda" for est in map(_estimated, jobs)):
         notes.insert(0, "total = what must fit the capacity: on a GPU the device used (nvidia-smi: reserved + the "
                         "CUDA context), on a CPU the peak. allocated / reserved = torch.cuda.max_memory_allocated / "
-                        "max_memory_reserved; the closed form predicts no reserved (-).")
+                        "max_memory_reserved.")
     return "\n".join([table, ""] + [f"- {note}" for note in notes]) + "\n"
 
 
@@ -119,8 +116,8 @@ def pivot_table(jobs: list[sweepdir.SweepJob], by: str) -> str:
     common = sweepdir.varying(jobs)[1]
     notes = [f"every row: {' '.join(common)}" if common else "",
              "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved + the CUDA "
-             "context; the closed form replays no allocator, there peak allocated + the context); margin = "
-             "capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower bound",
+             "context); margin = capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower "
+             "bound",
              *(f"[{n}] {why}" for why, n in reasons.items())]
     return "\n".join([frame.to_markdown(index=False, disable_numparse=True), ""]
                      + [f"- {note}" for note in notes if note]) + "\n"

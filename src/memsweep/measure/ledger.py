@@ -79,6 +79,24 @@ def inner_optimizer(optimizer):
     return optimizer
 
 
+# DeepSpeed's fp32 master partitions: stage_1_and_2.py and stage3.py (which hands them to the client
+# optimizer only during its step)
+MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+
+
+def own_weights(optimizer, model) -> list:
+    """The weights an optimizer steps that are not the model's (DeepSpeed's fp32 master partitions), made
+    before the step and held throughout it. MemTracker counts a tensor made before tracking only once it
+    is given (track_external)."""
+    own, found = {id(p) for p in model.parameters()}, {}
+    while optimizer is not None:
+        for name in MASTER_WEIGHTS:
+            found.update((id(t), t) for t in getattr(optimizer, name, None) or [] if torch.is_tensor(t))
+        found.update((id(p), p) for group in getattr(optimizer, "param_groups", []) for p in group["params"])
+        optimizer = getattr(optimizer, "optimizer", None)
+    return [t for key, t in found.items() if key not in own]
+
+
 def optimizer_state_bytes(optimizer) -> int:
     from torch.distributed.tensor import DTensor
 
@@ -147,7 +165,7 @@ class LedgerCallback(TrainerCallback):
         self.ledger = Ledger(step=self.step, seq_len=self.seq_len, dataloader=loader_settings(train_dataloader))
         self._hook = _first_linear(model).register_forward_hook(self._see_compute)
         self.tracker = LedgerTracker(root=model)
-        self.tracker.track_external(model, inner_optimizer(optimizer))
+        self.tracker.track_external(model, inner_optimizer(optimizer), *own_weights(optimizer, model))
         self.tracker.__enter__()
 
     def _see_compute(self, module, inputs, output):

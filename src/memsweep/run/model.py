@@ -106,9 +106,10 @@ def config_values(cfg: ModelConf) -> tuple[dict[str, Any], str]:
     return values, source + (" with model.* overrides" if overrides(cfg) else "")
 
 
-def hf_config(cfg: ModelConf, num_labels: int = 2, download: bool = False):
-    """(transformers config, where it came from): the architecture, overrides and dropout applied. With
-    `download`, a hub model whose config is not on disk takes the hub's (a real job loading its weights)."""
+def hf_config(cfg: ModelConf, num_labels: int = 2, download: bool = False, tokenizer=None):
+    """(transformers config, where it came from): the architecture, overrides and dropout applied, the
+    head's labels and the pad token set. With `download`, a hub model whose config is not on disk takes
+    the hub's (a real job loading its weights)."""
     from transformers import AutoConfig
 
     if download and cfg.source == ModelSource.hub and weights_config(cfg)[0] is None:
@@ -131,9 +132,43 @@ def hf_config(cfg: ModelConf, num_labels: int = 2, download: bool = False):
                                                     "mistral), or model.config=<a shipped config or config.json>")
         config = AutoConfig.for_model(cfg.architecture, **changed)
     config.num_labels = num_labels
+    config.pad_token_id = pad_token_id(config, tokenizer)
     if cfg.dropout is not None:
         config.update({k: cfg.dropout for k in DROPOUT_KEYS if hasattr(config, k)})
     return config, source
+
+
+def pad_token_id(config, tokenizer=None) -> int:
+    """The token a batch pads with, by which a decoder classifier finds each sequence's last token: the
+    config's own, else the tokenizer's (load_tokenizer pads with EOS where a tokenizer has none), else
+    the config's EOS (what such a tokenizer would pad with, for a model whose tokenizer is not loaded)."""
+    for candidate in (getattr(config, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
+                      getattr(config, "eos_token_id", None)):
+        if isinstance(candidate, (list, tuple)):  # a config may list several EOS tokens
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+_META: dict[str, Any] = {}
+
+
+def meta_model(cfg: ModelConf, auto_class, num_labels: int = 2):
+    """The model built from its config on the meta device (no weights, no memory), once per architecture
+    and head: the structure is read off it (structure.py) and the estimator traces copies of it. It is
+    shared: callers change a copy (copy.deepcopy), never this one."""
+    import torch
+    import transformers.initialization as hf_init
+
+    config, _ = hf_config(cfg, num_labels)
+    key = auto_class.__name__ + config.to_json_string()
+    if key not in _META:
+        with torch.device("meta"), hf_init.no_init_weights():
+            model = auto_class.from_config(config, dtype=torch.float32)
+            model.tie_weights()  # skipped with the init under no_init_weights: a tied head is one tensor
+        _META[key] = model
+    return _META[key]
 
 
 def load_tokenizer(cfg: ModelConf):
@@ -183,15 +218,13 @@ def tiny_checkpoint(config, auto_class) -> str:
     return _TINY_DIRS[key]
 
 
-def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any], auto_class=None, pad_token_id=None):
+def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any], auto_class=None, tokenizer=None):
     """`load_kwargs` come from the techniques (dtype, attention implementation, quantization, device),
-    `auto_class` from the task (task.auto_class; default: sequence classification). The pad token id is
-    the tokenizer's, where the config has none (a decoder classifies at the last non-pad token)."""
+    `auto_class` from the task (task.auto_class; default: sequence classification), the pad token from
+    `tokenizer` where the config has none."""
     if auto_class is None:
         from transformers import AutoModelForSequenceClassification as auto_class
-    config, _ = hf_config(cfg, num_labels, download=True)
-    if getattr(config, "pad_token_id", None) is None and pad_token_id is not None:
-        config.pad_token_id = pad_token_id
+    config, _ = hf_config(cfg, num_labels, download=True, tokenizer=tokenizer)
     source = tiny_checkpoint(config, auto_class) if cfg.source == ModelSource.tiny else weights_source(cfg)
     try:
         return auto_class.from_pretrained(source, config=config, **load_kwargs)
@@ -215,4 +248,5 @@ def find_module(model, dotted: str):
                                "/ model.layers_module / model.head_modules (null: found from the model)")
 
 
-__all__ = ["load_tokenizer", "load_model", "hf_config", "config_values", "weights_source", "find_module"]
+__all__ = ["load_tokenizer", "load_model", "hf_config", "config_values", "weights_source", "find_module", "meta_model",
+           "pad_token_id"]

@@ -165,8 +165,8 @@ def flatten(results: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def estimate_vs_measured(res: dict[str, Any]) -> dict[str, Any]:
-    """Predicted vs measured peak of a real job (the sweep summary's columns): the estimate's peak,
-    the trace's and the closed form's, and each one's error in % of memory.peak_bytes."""
+    """Predicted vs measured peak of a real job (the sweep summary's columns): the estimate's peak and
+    the trace's own (the nearest job's, for an adjusted trace), each one's error in % of memory.peak_bytes."""
     est = res.get("estimate") or {}
     measured = (res.get("memory") or {}).get("peak_bytes")
 
@@ -174,8 +174,6 @@ def estimate_vs_measured(res: dict[str, Any]) -> dict[str, Any]:
         return None if not pred or not measured else round(100 * (pred - measured) / measured, 2)
 
     trace_peak = (est.get("trace") or {}).get("peak_bytes")
-    closed_peak = (est.get("closed_form") or {}).get("peak_bytes")
     return {"measured_peak_bytes": measured, "estimate_peak_bytes": est.get("peak_bytes"),
             "estimate_method": est.get("method"), "estimate_error_pct": err(est.get("peak_bytes")),
-            "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak),
-            "closed_form_peak_bytes": closed_peak, "closed_form_error_pct": err(closed_peak)}
+            "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak)}

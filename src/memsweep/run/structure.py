@@ -17,7 +17,6 @@ Any transformers architecture, no per-architecture table:
 import re
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 OUTPUT_PROJECTION = re.compile(r"(^|\.)(o_proj|out_proj|c_proj|out_lin|dense|wo|o)$|(^|\.)output(\.|$)")
@@ -91,21 +90,11 @@ def with_overrides(found: Structure, o) -> Structure:
     )
 
 
-_FOUND: dict[str, Structure] = {}
-
-
 def for_job(job) -> Structure:
-    """The structure of a job's model, read off the model built on the meta device (no weights, no memory)."""
-    import transformers.initialization as hf_init
+    """The structure of a job's model, read off its meta model (model.meta_model: no weights, no memory)."""
+    from .model import meta_model
+    from .task import auto_class, num_labels
 
-    from .model import hf_config
-    from .task import auto_class
-
-    config, _ = hf_config(job.model)
-    cls = auto_class(job.task)
-    key = cls.__name__ + config.to_json_string()
-    if key not in _FOUND:
-        with torch.device("meta"), hf_init.no_init_weights():
-            _FOUND[key] = discover(cls.from_config(config))
-    return with_overrides(_FOUND[key], job.model)
+    model = meta_model(job.model, auto_class(job.task), num_labels(job.task, job.data.labels))
+    return with_overrides(discover(model), job.model)
 

@@ -29,6 +29,13 @@ def labelled(cfg: TaskConf) -> bool:
     return cfg.name == TaskName.classification
 
 
+def num_labels(cfg: TaskConf, labels) -> int:
+    """Outputs of the classification head: the labels found in the data (a real job) or listed in
+    `data.labels` (an estimate, which reads no data); without them a binary task. A causal LM has no
+    such head (its config keeps the default)."""
+    return max(2, len(labels)) if labels and labelled(cfg) else 2
+
+
 def collator(cfg: TaskConf, tokenizer, pad_to_multiple_of):
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 

@@ -87,8 +87,8 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
 
     tokenizer = model_mod.load_tokenizer(job.model)
     data = data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len, labelled=task.labelled(job.task))
-    model = plan.transform(model_mod.load_model(job.model, max(2, len(data.label_names)), plan.load_kwargs,
-                                                task.auto_class(job.task), tokenizer.pad_token_id))
+    model = plan.transform(model_mod.load_model(job.model, task.num_labels(job.task, data.label_names),
+                                                plan.load_kwargs, task.auto_class(job.task), tokenizer))
 
     steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
                             plan.nproc, job.epochs, job.max_steps)

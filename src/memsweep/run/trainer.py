@@ -21,6 +21,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
 from ..measure.ledger import inner_optimizer
+from .model import pad_token_id
 from .plan import Plan
 
 
@@ -142,7 +143,7 @@ class MemsweepTrainer(Trainer):
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self.state.global_step + 1 == self.pad_measured_step:
-            pad_id = self.processing_class.pad_token_id or 0
+            pad_id = pad_token_id(self.model.config, self.processing_class)
             batches = [pad_batch(b, self.pad_to, pad_id) for b in batches]
         return batches, num_items
 

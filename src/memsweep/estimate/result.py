@@ -1,0 +1,51 @@
+"""An estimate, typed: what the estimator predicts for one job on one hardware profile (as run/results.py's
+Result is what a job measured). Written as estimate.json and stored as results.json's `estimate`."""
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes")
+
+
+@dataclass
+class Estimate:
+    method: str  # "trace", or "adjusted trace": the nearest traceable job with named arithmetic (adjust.py)
+    method_reason: Optional[str]  # what the adjustment stands for
+    hardware: str
+    device: str  # "cpu" or "cuda"
+    micro_batch_size: int
+    accumulation_steps: int
+    seq_len: int
+    peak_bytes: int  # tensor bytes at the peak, as results.json memory.peak_bytes
+    overhead_bytes: int  # the profile's CUDA context
+    total_bytes: int  # what must fit the capacity: device used on a GPU, the peak on a CPU
+    breakdown: dict[str, int]  # the peak by part, and the overhead
+    activations_bytes: int  # held for backward when backward starts
+    grads_bytes: int
+    optimizer_bytes: int
+    capacity_bytes: Optional[int]
+    fits: Optional[bool]
+    margin_bytes: Optional[int]
+    flops_per_step: int
+    flops_source: str
+    compute_dtype: str  # the profile's `tflops` key the step is timed at
+    peak_tflops: Optional[float]
+    step_time_s: Optional[float]  # FLOPs at the profile's peak matmul rate: a lower bound on a step's time
+    trace: dict[str, Any]  # the trace's own reading (and the allocator model's on a GPU)
+    total_params: int
+    trainable_params: int
+    architecture_source: str
+    notes: list[str] = field(default_factory=list)
+    shape_advice: Optional[dict[str, Any]] = None
+    seconds: float = 0.0
+    # A GPU's three counters, each predicted as that counter is made (core.device_counters)
+    peak_allocated_bytes: Optional[int] = None
+    peak_reserved_bytes: Optional[int] = None
+    device_used_bytes: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """estimate.json: every field; a GPU's counters only on a GPU profile."""
+        out = asdict(self)
+        if self.device != "cuda":
+            for key in GPU_COUNTERS:
+                out.pop(key)
+        return out

@@ -1,0 +1,161 @@
+"""One training step as MemsweepTrainer runs it, on the trace's fake model: the optimizer Trainer would
+build (its class, kwargs and parameter groups), a collated batch padded to max_seq_len, and the step
+from the first micro-batch to zero_grad, with marks for the recorder (capture.py) where it is.
+"""
+import contextlib
+import inspect
+import tempfile
+
+import torch
+
+from ..config.schema import HardwareConf
+from ..measure.ledger import inner_optimizer
+from . import sharded
+
+
+class NoMarks:
+    """Where no recorder listens (the ledger's trace on a CPU, the FLOP count)."""
+
+    def mark(self, name: str) -> None:
+        pass
+
+    def tag_grads(self, model) -> None:
+        pass
+
+
+
+def trainer_arguments(plan, keys: tuple[str, ...]):
+    """TrainingArguments of the plan's `keys`, on the CPU: what Trainer derives from them."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=tempfile.gettempdir(), use_cpu=True, report_to="none",
+                             **{k: plan.args[k] for k in keys if k in plan.args})
+
+
+
+def optimizer_spec(plan, model):
+    """(optimizer class, its kwargs, the TrainingArguments) as Trainer would choose them."""
+    from transformers import Trainer
+
+    args = trainer_arguments(plan, ("optim", "optim_args", "learning_rate", "weight_decay"))
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    return cls, kwargs, args
+
+
+
+def build_optimizer(plan, model, profile: HardwareConf, spec):
+    """The optimizer Trainer.create_optimizer would build: its class, kwargs and parameter groups
+    (`spec`: optimizer_spec's answer, asked before the model is sharded)."""
+    from transformers import Trainer
+
+    cls, kwargs, args = spec
+    decay = set(Trainer.get_decay_parameter_names(None, model))  # does not use `self`
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
+              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    kwargs = on_device(cls, kwargs, profile)
+    if not cls.__module__.startswith("bitsandbytes"):
+        return cls(groups, **kwargs)
+    return bitsandbytes_optimizer(cls, groups, kwargs, model)
+
+
+def on_device(cls, kwargs: dict, profile: HardwareConf) -> dict:
+    """The optimizer's kwargs as the profile's device runs it: on a GPU torch's optimizers default to their
+    foreach kernels, whose temporaries span a whole parameter group (on the CPU: one tensor at a time)."""
+    if profile.device == "cuda" and "foreach" in inspect.signature(cls).parameters and "fused" not in kwargs:
+        return {**kwargs, "foreach": True}
+    return kwargs
+
+
+def flat_partition_step(spec, numel: int, profile: HardwareConf):
+    """The client optimizer stepping one flat fp32 partition of `numel` values, as DeepSpeed's ZeRO steps
+    it (stage_1_and_2.py: single_partition_of_fp32_groups): (its state, made by a first step; the events
+    of the next step, recorded). On fake tensors: no memory."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .capture import Recorder
+
+    cls, kwargs, _ = spec
+    with FakeTensorMode():
+        flat = torch.nn.Parameter(torch.empty(numel, dtype=torch.float32))
+        flat.grad = torch.empty_like(flat)
+        optimizer = cls([flat], **on_device(cls, kwargs, profile))
+        optimizer.step()
+        state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        with Recorder([("optimizer", flat), ("grads", flat.grad), *(("optimizer", v) for v in state)]) as recorder:
+            recorder.mark("step")
+            optimizer.step()
+            recorder.mark("end")
+    return sum(v.untyped_storage().nbytes() for v in state), recorder
+
+
+
+def bitsandbytes_optimizer(cls, groups, kwargs, model):
+    """A bitsandbytes optimizer on fake parameters, as Trainer.create_optimizer builds it. Its step runs
+    on fake tensors (every bitsandbytes op has a fake kernel); only its constructor computes values, the
+    two 256-entry quantization maps, so it runs outside fake mode and the maps become fake tensors."""
+    from bitsandbytes.optim import GlobalOptimManager
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    fake_mode = next(model.parameters()).fake_mode
+    with unset_fake_temporarily():
+        optimizer = cls(groups, **kwargs)
+    optimizer.name2qmap = {k: fake_mode.from_tensor(v) for k, v in optimizer.name2qmap.items()}
+    if kwargs.get("optim_bits") == 8:  # Trainer keeps every embedding's state in 32 bits
+        manager = GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return optimizer
+
+
+
+def fake_batch(model, micro_batch: int, seq_len: int, task: str) -> dict[str, torch.Tensor]:
+    """A collated batch of seq_len tokens, as the ledger step gets (values do not matter on fake tensors):
+    a label per sequence (classification) or per token (causal_lm)."""
+    ids = torch.zeros(micro_batch, seq_len, dtype=torch.long)
+    labels = torch.zeros_like(ids) if task == "causal_lm" else torch.zeros(micro_batch, dtype=torch.long)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    if task != "causal_lm" and getattr(model.config, "type_vocab_size", 0):  # BERT tokenizers return token types, DistilBERT's none
+        batch["token_type_ids"] = torch.zeros_like(ids)
+    return batch
+
+
+def training_step(model, optimizer, batches, plan, around_micro_batches=contextlib.nullcontext, marks=NoMarks(),
+                  forward_contexts=None) -> None:
+    """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step (its own
+    fp16 autocast on the CPU wraps the whole call, see trainer.py; Accelerate's is in model.forward).
+    `forward_contexts` stand in for the plan's where the trace runs them otherwise (fake.save_on_host)."""
+    dtype, accumulation = plan.autocast_dtype, plan.accumulation_steps
+    with around_micro_batches():
+        for n, batch in enumerate(batches):
+            with sharded.no_sync(model, sync=n == len(batches) - 1):
+                marks.mark("forward")
+                with contextlib.ExitStack() as stack:
+                    if dtype is not None:
+                        stack.enter_context(torch.autocast("cpu", dtype=dtype))
+                    for make_context in plan.forward_contexts if forward_contexts is None else forward_contexts:
+                        stack.enter_context(make_context())
+                    loss = model(**batch).loss
+                loss = loss / accumulation
+                if plan.grad_scaler or plan.args.get("fp16"):
+                    loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
+                marks.mark("backward")
+                loss.backward()
+                marks.tag_grads(model)
+    marks.mark("step")
+    if optimizer is not None:
+        if plan.args.get("max_grad_norm", 0) > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.args["max_grad_norm"])
+        optimizer.step()
+    model.zero_grad()
+    marks.mark("end")
+
+
+
+def state_bytes(optimizer) -> int:
+    """Bytes of optimizer state, each tensor once (measure.optimizer_state_bytes dedupes by data pointer,
+    which is 0 for every fake tensor; bitsandbytes gives every parameter's state the same two maps)."""
+    unique = {id(v): sharded.local(v) for s in inner_optimizer(optimizer).state.values() for v in s.values()
+              if torch.is_tensor(v)}  # FSDP's: this rank's shard
+    return sum(v.untyped_storage().nbytes() for v in unique.values())
