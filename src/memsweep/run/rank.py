@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
+from .. import stopping
 from ..config import hardware
 from ..errors import outcome
 from . import procenv, results
@@ -35,7 +36,8 @@ def load_job(ranks_dir: Path):
 
 def main(job_dir: Path) -> int:
     procenv.prepare()
-    return run_rank(load_job(job_dir / RANKS_DIR), job_dir)
+    with stopping.handling():  # the terminal's Ctrl-C (or torchrun's copy of it) ends this rank interrupted
+        return run_rank(load_job(job_dir / RANKS_DIR), job_dir)
 
 
 def run_rank(job, job_dir: Path) -> int:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
+from .. import stopping
 from ..measure.ledger import inner_optimizer
 from .plan import Plan
 
@@ -171,6 +172,19 @@ class DivergenceCallback(TrainerCallback):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(loss):
             self.diverged_at = state.global_step
+            control.should_training_stop = True
+
+
+class StopCallback(TrainerCallback):
+    """A stop asked for (stopping.py) ends training at the end of the optimizer step in progress, through
+    Trainer's own control: the step completes, Trainer leaves its loop and returns what it trained."""
+
+    def __init__(self):
+        self.stopped_at = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if stopping.requested() is not None:
+            self.stopped_at = state.global_step
             control.should_training_stop = True
 
 
