@@ -99,10 +99,11 @@ def install() -> bool:
 
 
 def uninstall() -> None:
+    """The handlers as they were before `install`, and no stop asked for."""
     for signum, handler in _state.previous.items():
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     _state.previous.clear()
-    _state.where = None
+    _state.signum, _state.where = None, None
 
 
 @contextmanager

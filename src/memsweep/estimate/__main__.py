@@ -66,16 +66,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                 record(out / str(n), overrides, "not started", "stopped before this estimate began")
                 continue
             statuses.append(estimate_one(out / str(n), n, overrides, memo))
-    table = write_sweep_table(out)
-    if args.by:  # the long table is in estimate.md; the one asked for is printed
-        table = write_pivot_table(out, args.by)
-    print("\n" + table.read_text(), flush=True)
-    made = f"{len(statuses)} of {len(jobs)}" if len(statuses) < len(jobs) else str(len(jobs))
-    print(f"[memsweep] {made} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
-    if (signum := stopping.requested()) is not None:
-        print(f"[memsweep] stopped by {stopping.name(signum)}: the estimates not made are listed `not started`",
-              flush=True)
-        return stopped_exit_code(signum)
+        table = write_sweep_table(out)
+        if args.by:  # the long table is in estimate.md; the one asked for is printed
+            table = write_pivot_table(out, args.by)
+        print("\n" + table.read_text(), flush=True)
+        made = f"{len(statuses)} of {len(jobs)}" if len(statuses) < len(jobs) else str(len(jobs))
+        print(f"[memsweep] {made} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
+        if (signum := stopping.requested()) is not None:
+            print(f"[memsweep] stopped by {stopping.name(signum)}: the estimates not made are listed `not started`",
+                  flush=True)
+            return stopped_exit_code(signum)
     return 1 if "failed" in statuses else 0
 
 
