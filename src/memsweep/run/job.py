@@ -178,9 +178,9 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
 def wandb_exit_code(res: Result) -> int:
     """What the W&B run records as its exit: an error 1, a stop the signal's exit code (130, 143), else 0:
     oom, diverged and unsupported are results of a run that worked."""
-    if res.status in ("failed", "interrupted"):
-        return 1 if res.status == "failed" else exit_code(res.status, res.reason)
-    return 0
+    if res.status == "interrupted":
+        return exit_code(res.status, res.reason)
+    return 1 if res.status == "failed" else 0
 
 
 def _mib(n) -> str:
