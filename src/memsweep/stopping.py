@@ -20,6 +20,7 @@ is ignored too; a cluster in a hurry follows them with SIGKILL.
 On the cluster's signal the job, once ended, hands over to submitit's own handler, which calls the
 launcher's `checkpoint()` and requeues the job (`hand_over`); the requeued job runs again from its start.
 """
+import functools
 import os
 import signal
 import sys
@@ -158,3 +159,20 @@ def hand_over() -> None:
         handler(signum, None)
     except UncompletedJobError as exc:
         print(f"[memsweep] not requeued: {exc}", flush=True)
+
+
+def _worker_ignores_stops(init: Optional[Callable], worker_id: int) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    if init is not None:
+        init(worker_id)
+
+
+def leave_stops_to_the_job(init: Optional[Callable]) -> Callable:
+    """A DataLoader `worker_init_fn` (around `init`) for workers that leave stopping to the job's process.
+    A terminal's Ctrl-C and a cluster's SIGTERM reach the workers too, and torch fails the job when a
+    worker dies, before it could stop at its next optimizer step; the job's process ends its workers
+    itself, as it always does."""
+    if isinstance(init, functools.partial) and init.func is _worker_ignores_stops:
+        return init
+    return functools.partial(_worker_ignores_stops, init)
