@@ -48,7 +48,9 @@ def test_a_stop_is_its_own_status_with_the_signals_exit_code():
     assert 130 not in EXIT_CODES.values() and "interrupted" in STATUSES and "not started" in STATUSES
     assert "interrupted" not in KEPT_ON_RESUME and "not started" not in KEPT_ON_RESUME
     # a rank's recorded reason maps back to the same signal (launch.run_ranks)
-    assert interrupted("rank 1: SIGTERM during training").signum == signal.SIGTERM
+    again = interrupted("rank 1: SIGTERM during training")
+    assert (again.signum, str(again)) == (signal.SIGTERM, "SIGTERM during training (rank 1)")
+    assert str(interrupted(str(exc))) == str(exc)
 
 
 def test_the_handler_raises_where_interruptible_and_only_records_where_deferred():

@@ -39,9 +39,10 @@ class Interrupted(Exception):
 def interrupted(reason: str) -> Interrupted:
     """The Interrupted a recorded reason (a rank's error.json) came from, so it maps to the same ending."""
     found = re.search(r"\bSIG[A-Z0-9]+\b", reason)
-    name = found.group() if found and found.group() in signal.Signals.__members__ else "SIGINT"
-    detail = reason[len(name):].strip() if reason.startswith(name) else f"({reason})"
-    return Interrupted(signal.Signals[name], detail)
+    if found is None or found.group() not in signal.Signals.__members__:
+        return Interrupted(signal.SIGINT, f"({reason})")
+    before, after = reason[:found.start()].strip(" :"), reason[found.end():].strip()
+    return Interrupted(signal.Signals[found.group()], f"{after} ({before})" if before else after)
 
 
 def is_oom(exc: BaseException) -> bool:

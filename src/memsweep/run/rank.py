@@ -57,7 +57,8 @@ def run_rank(job, job_dir: Path) -> int:
         status, reason = outcome(exc)
         (rank_dir / "traceback.txt").write_text(traceback.format_exc())
         results.write(rank_dir / ERROR_FILE, {"rank": rank, "status": status, "reason": reason})
-        traceback.print_exc()
+        if status != "interrupted":  # a stop is no error: the job's ending line says it
+            traceback.print_exc()
         return 1
     mine = {"rank": rank, "train_loss": res.metrics.train_loss, "memory": asdict(res.memory),
             "optimizer_state_bytes": res.effective.get("optimizer_state_bytes"),
