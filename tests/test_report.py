@@ -100,17 +100,18 @@ def test_every_job_has_a_row_with_its_status_and_reason_none_dropped(sweep):
     summary = report.build(sweep)
     report.write(summary)
     assert [(j.num, j.status) for j in summary.jobs] == [
-        (0, "ok"), (1, "ok"), (2, "ok"), (3, "oom"), (4, "missing"), (5, "missing")]
+        (0, "ok"), (1, "ok"), (2, "ok"), (3, "oom"), (4, "missing"), (5, "not started")]
     md = (sweep / "summary.md").read_text()
-    assert "6 jobs (3 ok, 1 oom, 2 missing)" in md
+    assert "6 jobs (3 ok, 1 oom, 1 not started, 1 missing)" in md
     assert "job 3 (`precision=bf16 optim=adamw model=tiny`): **oom** — RuntimeError: DefaultCPUAllocator" in md
     assert "job 4 (`precision=bf16 optim=sgd model=tiny`): **missing** — no complete results.json: the job was interrupted" in md
-    assert "job 5 (`precision=bf16 optim=adafactor model=tiny`): **missing** — the job never started" in md
+    assert "job 5 (`precision=bf16 optim=adafactor model=tiny`): **not started** — the job never started" in md
     assert "Common to every job: `model=tiny`" in md
     csv = pd.read_csv(sweep / "summary.csv")
     assert list(csv["job"]) == [0, 1, 2, 3, 4, 5]
-    assert list(csv["status"]) == ["ok", "ok", "ok", "oom", "missing", "missing"]
-    assert summary.failed == [summary.jobs[4], summary.jobs[5]]  # oom is a result, a lost job is not
+    assert list(csv["status"]) == ["ok", "ok", "ok", "oom", "missing", "not started"]
+    assert summary.failed == [summary.jobs[4]]  # oom is a result, a lost job is not
+    assert summary.unfinished == [summary.jobs[5]]  # resume runs it
 
 
 def test_the_human_table_compares_each_job_with_the_baseline(sweep):
@@ -178,7 +179,7 @@ def test_plots_are_png_files_that_grow_with_the_sweep(tmp_path, sweep):
 def test_cli_rebuilds_an_interrupted_sweep_and_refuses_bad_input_in_one_line(sweep, tmp_path, capsys):
     assert report.main([str(sweep)]) == 0
     out = capsys.readouterr().out
-    assert "**missing** — the job never started" in out and (sweep / "summary.md").is_file()
+    assert "**not started** — the job never started" in out and (sweep / "summary.md").is_file()
     assert report.main([""]) == 2
     assert capsys.readouterr().err.startswith("memsweep report: error: no sweep dir given; usage: make report SWEEP=")
     assert report.main([str(tmp_path / "nowhere")]) == 2
@@ -217,6 +218,27 @@ def test_sweep_exit_code_is_1_only_when_a_job_failed_or_left_no_result(tmp_path,
     assert (with_error / "summary.md").is_file()  # written before the exit
 
 
+def test_a_stopped_sweep_exits_with_the_signals_code_after_its_summary(tmp_path, capsys):
+    import os
+    import signal
+
+    from memsweep import stopping
+
+    stopped = make_sweep(tmp_path / "a", {0: (1.0, 10.0, 0.8), 1: ("interrupted", "SIGTERM at optimizer step 3")})
+    with pytest.raises(SystemExit) as stop:  # interrupted and not started jobs, no signal here: incomplete
+        SweepReport().on_multirun_end(config_for(stopped))
+    assert stop.value.code == 1
+    assert "5 job(s) stopped or not started: 1 (interrupted), 2 (not started)" in capsys.readouterr().out
+    stopping.install()
+    os.kill(os.getpid(), signal.SIGTERM)  # this process was told to stop: the sweep says so
+    with pytest.raises(SystemExit) as stop:
+        SweepReport().on_multirun_end(config_for(stopped))
+    assert stop.value.code == 143 and stopping.requested() is None  # the handlers are gone with the sweep
+    out = capsys.readouterr().out
+    assert f"sweep stopped by SIGTERM; resume it with: python -m memsweep.resume {stopped}" in out
+    assert "1 ok, 1 interrupted, 4 not started" in (stopped / "summary.md").read_text()
+
+
 def test_wandb_summary_run_holds_the_table_and_both_plots(sweep):
     from memsweep.config.schema import LoggerConf
 
@@ -226,9 +248,10 @@ def test_wandb_summary_run_holds_the_table_and_both_plots(sweep):
     run = wait_for_run(next(run_dir.glob("run-*.wandb")))  # this run's own file, not the newest by name
     assert run_dir.parent == sweep / "wandb"
     assert run["run"].job_type == "summary" and run["run"].run_group == "my_sweep"
-    assert run["summary"]["jobs.ok"] == 3 and run["summary"]["jobs.missing"] == 2
+    assert run["summary"]["jobs.ok"] == 3 and run["summary"]["jobs.missing"] == 1
+    assert run["summary"]["jobs.not_started"] == 1
     assert run["summary"]["memory/_type"] == "image-file" and run["summary"]["tradeoff/_type"] == "image-file"
     table = json.loads((run_dir / "files" / run["summary"]["summary/path"]).read_text())
     assert table["columns"][:4] == ["job", "precision", "optim", "status"]
-    assert [row[3] for row in table["data"]] == ["ok", "ok", "ok", "oom", "missing", "missing"]
+    assert [row[3] for row in table["data"]] == ["ok", "ok", "ok", "oom", "missing", "not started"]
     assert table["data"][1][table["columns"].index("speedup")] == pytest.approx(2.0)

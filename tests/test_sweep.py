@@ -106,7 +106,7 @@ def test_a_sweep_killed_mid_job_resumes_with_every_job_done_once(tmp_path):
     assert report.main([str(sweep_dir)]) == 0
     killed = sweepdir.collect(sweep_dir)
     assert [(j.status, j.reason.split(":")[0] if j.reason else None) for j in killed] == [
-        ("ok", None), ("missing", "no complete results.json"), ("missing", "the job never started")]
+        ("ok", None), ("missing", "no complete results.json"), ("not started", "the job never started")]
 
     job0 = sweep_dir / "0" / "results.json"
     before = (job0.read_bytes(), job0.stat().st_mtime_ns)

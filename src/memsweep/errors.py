@@ -1,4 +1,14 @@
-"""The expected ways a job ends other than `ok`, and the status each exception maps to in results.json."""
+"""The ways a job ends: its statuses in results.json, the exception each ending other than `ok` is
+raised as, and a single run's exit code."""
+import re
+import signal
+
+# Every status a results.json may hold. `interrupted`: a person or the cluster stopped the job
+# (stopping.py); `not started`: a launcher's worker was told to stop before it began this job.
+STATUSES = ("ok", "oom", "unsupported", "diverged", "failed", "interrupted", "not started")
+# The endings that are a measurement of the job: a resumed sweep keeps them. An error, a stop or a job
+# never begun runs again.
+KEPT_ON_RESUME = ("ok", "oom", "unsupported", "diverged")
 
 
 class ConfigError(Exception):
@@ -17,6 +27,24 @@ class Diverged(Exception):
     """The training loss became NaN or inf."""
 
 
+class Interrupted(Exception):
+    """SIGINT (Ctrl-C), SIGTERM, or the cluster's time-limit/preemption signal stopped the job. The
+    message starts with the signal's name, then says where the job was and what it had measured."""
+
+    def __init__(self, signum: int, detail: str):
+        super().__init__(f"{signal.Signals(signum).name} {detail}")
+        self.signum = signum
+
+
+def interrupted(reason: str) -> Interrupted:
+    """The Interrupted a recorded reason (a rank's error.json) came from, so it maps to the same ending."""
+    found = re.search(r"\bSIG[A-Z0-9]+\b", reason)
+    if found is None or found.group() not in signal.Signals.__members__:
+        return Interrupted(signal.SIGINT, f"({reason})")
+    before, after = reason[:found.start()].strip(" :"), reason[found.end():].strip()
+    return Interrupted(signal.Signals[found.group()], f"{after} ({before})" if before else after)
+
+
 def is_oom(exc: BaseException) -> bool:
     """An allocation that failed: torch's own error on a GPU, MemoryError or the CPU allocator's message."""
     import torch
@@ -33,6 +61,8 @@ def outcome(exc: BaseException) -> tuple[str, str]:
         return "unsupported", str(exc)
     if isinstance(exc, Diverged):
         return "diverged", str(exc)
+    if isinstance(exc, Interrupted):
+        return "interrupted", str(exc)
     if isinstance(exc, ConfigError):
         return "failed", f"{BAD_INPUT}{exc}"
     if is_oom(exc):
@@ -41,17 +71,27 @@ def outcome(exc: BaseException) -> tuple[str, str]:
 
 
 # A single run's exit code by how it ended, so scripts can tell the endings apart. A sweep exits 0
-# when every job has a result (these statuses included) and 1 when a job failed or left none.
+# when every job has a result (these statuses included) and 1 when a job failed, left none, or was
+# stopped without the sweep itself being signalled.
 EXIT_CODES = {"ok": 0, "failed": 1, "bad input": 2, "oom": 3, "diverged": 4, "unsupported": 5}
 BAD_INPUT = "bad input: "
+
+
+def stopped_exit_code(signum: int) -> int:
+    """A job or sweep stopped by a signal exits 128 + its number, as a shell reports a process that
+    signal ended: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + int(signum)
 
 
 def exit_code(status: str, reason: str | None) -> int:
     if status == "failed" and (reason or "").startswith(BAD_INPUT):
         return EXIT_CODES["bad input"]
+    if status == "interrupted":
+        return stopped_exit_code(interrupted(reason or "").signum)
     return EXIT_CODES[status]
 
 
 # The exception a status read back from a file (a rank's error.json) is raised as, so that
 # `outcome` maps it to the same status again.
-STATUS_EXCEPTIONS = {"oom": MemoryError, "diverged": Diverged, "unsupported": Unsupported}
+STATUS_EXCEPTIONS = {"oom": MemoryError, "diverged": Diverged, "unsupported": Unsupported,
+                     "interrupted": interrupted}

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from .. import stopping
 from ..config import schema, validate
 from ..config.schema import Config
-from ..errors import Unsupported
+from ..errors import Interrupted, Unsupported, stopped_exit_code
 from ..sweep import sweepdir
 from .core import run_estimate
 from .table import write_pivot_table, write_sweep_table
@@ -40,8 +41,6 @@ def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list
 def main(argv: Optional[list[str]] = None) -> int:
     import argparse
 
-    from ..config import hardware
-
     parser = argparse.ArgumentParser(prog="python -m memsweep.estimate",
                                      description="Estimate the peak memory, FLOPs and step time of a job or a "
                                                  "sweep grid offline (no training, no weights, no GPU).")
@@ -60,29 +59,54 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     jobs = jobs_of(args.overrides, args.grid)
     memo: dict = {}  # one trace per job and device: profiles of one device differ only after it
-    failed = 0
-    for n, overrides in enumerate(jobs):
-        job_dir = out / str(n)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (sweepdir.ESTIMATE_FILE, sweepdir.STATUS_FILE):  # from an earlier run into the same dir
-            (job_dir / stale).unlink(missing_ok=True)
-        (job_dir / sweepdir.OVERRIDES_FILE).write_text(json.dumps(overrides))
-        print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
-        try:
+    statuses = []
+    with stopping.handling():  # Ctrl-C / SIGTERM: the estimate in progress ends interrupted, no further one starts
+        for n, overrides in enumerate(jobs):
+            if stopping.requested() is not None:
+                record(out / str(n), overrides, "not started", "stopped before this estimate began")
+                continue
+            statuses.append(estimate_one(out / str(n), n, overrides, memo))
+        table = write_sweep_table(out)
+        if args.by:  # the long table is in estimate.md; the one asked for is printed
+            table = write_pivot_table(out, args.by)
+        print("\n" + table.read_text(), flush=True)
+        made = f"{len(statuses)} of {len(jobs)}" if len(statuses) < len(jobs) else str(len(jobs))
+        print(f"[memsweep] {made} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
+        if (signum := stopping.requested()) is not None:
+            print(f"[memsweep] stopped by {stopping.name(signum)}: the estimates not made are listed `not started`",
+                  flush=True)
+            return stopped_exit_code(signum)
+    return 1 if "failed" in statuses else 0
+
+
+def record(job_dir: Path, overrides: list[str], status: Optional[str] = None, reason: str = "") -> None:
+    """A job's overrides, and how it ended when no estimate was made (status.json)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (sweepdir.ESTIMATE_FILE, sweepdir.STATUS_FILE):  # from an earlier run into the same dir
+        (job_dir / stale).unlink(missing_ok=True)
+    (job_dir / sweepdir.OVERRIDES_FILE).write_text(json.dumps(overrides))
+    if status is not None:
+        (job_dir / sweepdir.STATUS_FILE).write_text(json.dumps({"status": status, "reason": reason[:500]}))
+
+
+def estimate_one(job_dir: Path, n: int, overrides: list[str], memo: dict) -> str:
+    """Estimate one job into its dir; its status (ok, unsupported, interrupted, failed)."""
+    from ..config import hardware
+
+    record(job_dir, overrides)
+    print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
+    try:
+        with stopping.interruptible("during the estimate"):
             job = compose(overrides)
             validate.ranges(job)
             run_estimate(job, hardware.detect(job.hardware), job_dir, memo)
-        except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
-            status = "unsupported" if isinstance(exc, Unsupported) else "failed"
-            failed += status == "failed"
-            (job_dir / sweepdir.STATUS_FILE).write_text(json.dumps({"status": status, "reason": str(exc)[:500]}))
-            print(f"[memsweep] {status}: {exc}", flush=True)
-    table = write_sweep_table(out)
-    if args.by:  # the long table is in estimate.md; the one asked for is printed
-        table = write_pivot_table(out, args.by)
-    print("\n" + table.read_text(), flush=True)
-    print(f"[memsweep] {len(jobs)} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
-    return 1 if failed else 0
+    except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
+        status = ("unsupported" if isinstance(exc, Unsupported) else "interrupted" if isinstance(exc, Interrupted)
+                  else "failed")
+        record(job_dir, overrides, status, str(exc))
+        print(f"[memsweep] {status}: {exc}", flush=True)
+        return status
+    return "ok"
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """One job, top to bottom: check -> build -> apply the techniques -> train -> evaluate -> results.json.
 
-Every ending is a result: `ok`, `unsupported` (a rule refused it), `oom`, `diverged`, or `failed`
-(any other error, traceback in the job log). `finishing` always writes results.json, finishes the
-W&B run and frees memory, so a sweep loses nothing and goes on to its next job.
+Every ending is a result: `ok`, `unsupported` (a rule refused it), `oom`, `diverged`, `interrupted`
+(SIGINT, SIGTERM or the cluster's signal stopped it: stopping.py) or `failed` (any other error,
+traceback in the job log). `finishing` always writes results.json, finishes the W&B run and frees
+memory, so a sweep loses nothing and goes on to its next job (or, stopped, keeps what it has).
 
 Bad input is refused in seconds: this module imports torch, transformers and the rest only once the
 input has passed `validate`.
@@ -17,6 +18,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from .. import stopping
 from ..config import validate
 from ..config.schema import Config, Mode
 from ..errors import BAD_INPUT, EXIT_CODES, ConfigError, exit_code, outcome
@@ -51,25 +53,42 @@ def hydra_context() -> Context:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Run the composed job; returns its results (also written to <job dir>/results.json)."""
-    if (done := resume.skip_if_done(cfg)) is not None:  # a resumed sweep keeps the jobs already done
-        return done
-    ctx = hydra_context()
-    if cfg.distributed.nproc > 1:
-        from . import launch
+    with stopping.handling():  # SIGINT/SIGTERM end the job `interrupted` (stopping.py)
+        if (signum := stopping.requested()) is not None:  # a launcher's worker, stopped before this job
+            return not_started(cfg, signum)
+        if (done := resume.skip_if_done(cfg)) is not None:  # a resumed sweep keeps the jobs already done
+            return done
+        ctx = hydra_context()
+        if cfg.distributed.nproc > 1:
+            from . import launch
 
-        if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
-            return launch.run_secondary_task(OmegaConf.to_object(cfg), ctx.job_dir)
-    res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
-    with finishing(res, ctx, cfg) as wandb_run:
-        body(cfg, res, ctx.job_dir, wandb_run)
-    print_summary(res, ctx.job_dir)
-    if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
-        print(f"[memsweep] W&B run: {run_at}", flush=True)
+            if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
+                return launch.run_secondary_task(OmegaConf.to_object(cfg), ctx.job_dir)
+        res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
+        with finishing(res, ctx, cfg) as wandb_run, stopping.interruptible("while setting the job up"):
+            body(cfg, res, ctx.job_dir, wandb_run)
+        print_summary(res, ctx.job_dir)
+        if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
+            print(f"[memsweep] W&B run: {run_at}", flush=True)
+        stopping.hand_over()  # stopped by the cluster's signal: submitit requeues the job
     code = exit_code(res.status, res.reason)
     if code == EXIT_CODES["bad input"]:
         print(f"memsweep: error: {res.reason.removeprefix(BAD_INPUT)}")
     if code and not ctx.multirun:  # in a sweep it is this job's result; the sweep goes on and reports it
         raise SystemExit(code)
+    return res.to_dict()
+
+
+def not_started(cfg: DictConfig, signum: int) -> dict[str, Any]:
+    """The job a launcher's worker is handed after its sweep was told to stop: recorded as not started
+    (resume runs it), unless an earlier attempt left a result there (resume decides about that one)."""
+    ctx = hydra_context()
+    res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
+    res.end("not started", f"the sweep was stopped ({stopping.name(signum)}) before this job began")
+    print(f"[memsweep] {ctx.name}: not started ({res.reason})", flush=True)
+    path = ctx.job_dir / results.RESULTS_FILE
+    if results.read(path) is None:
+        results.write(path, res.to_dict())
     return res.to_dict()
 
 
@@ -89,7 +108,8 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     if job.mode == Mode.estimate:  # no training, no weights, no GPU: predicted memory, FLOPs, time
         from ..estimate.core import run_estimate
 
-        res.estimate = run_estimate(job, profile, job_dir)  # checks the rules but no-gpu
+        with stopping.interruptible("during the estimate"):
+            res.estimate = run_estimate(job, profile, job_dir)  # checks the rules but no-gpu
         res.shape_advice = res.estimate["shape_advice"]
         return
     rules.check(job, profile)
@@ -150,9 +170,17 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
         if wandb_run is not None:
             wandb_run.config.update({"effective": res.effective}, allow_val_change=True)
         wandb_log.finish(wandb_run, results.flatten({k: v for k, v in saved.items() if k != "versions"}),
-                         exit_code=0 if res.status != "failed" else 1)
+                         exit_code=wandb_exit_code(res))
         gc.collect()
         counters.reset_cuda_peak()
+
+
+def wandb_exit_code(res: Result) -> int:
+    """What the W&B run records as its exit: an error 1, a stop the signal's exit code (130, 143), else 0:
+    oom, diverged and unsupported are results of a run that worked."""
+    if res.status == "interrupted":
+        return exit_code(res.status, res.reason)
+    return 1 if res.status == "failed" else 0
 
 
 def _mib(n) -> str:

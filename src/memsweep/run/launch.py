@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import stopping
 from ..errors import STATUS_EXCEPTIONS, ConfigError
 from . import procenv, rank
 from .results import Result, read
@@ -82,12 +83,16 @@ def run_ranks(job, job_dir: Path, res: Result) -> None:
         env = procenv.without_group_variables()
         if job.threads is None:  # the cores shared out between the ranks (torchrun's own default is 1)
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.distributed.nproc))
-        returncode = subprocess.run(torchrun_command(job.distributed.nproc, job_dir), env=env).returncode
+        # The ranks share the terminal's process group: a Ctrl-C reaches them, and each ends itself
+        # interrupted. This process waits for them instead of killing torchrun under them.
+        with stopping.deferred():
+            returncode = subprocess.run(torchrun_command(job.distributed.nproc, job_dir), env=env).returncode
     if returncode == 0 and (ranks_dir / rank.RESULT_FILE).exists():
         res.merge(read(ranks_dir / rank.RESULT_FILE), sections=("metrics", "time", "memory", "effective", "data"))
         return
     errors = [read(f) for f in sorted(ranks_dir.glob(f"rank*/{rank.ERROR_FILE}"))]
     if not errors:
+        stopping.check(f"while its ranks ran (torchrun exited with {returncode})")
         raise RuntimeError(f"the ranks exited with {returncode} and none left a result or an error")
     status, reason = errors[0]["status"], f"rank {errors[0]['rank']}: {errors[0]['reason']}"
     raise STATUS_EXCEPTIONS.get(status, RuntimeError)(reason)

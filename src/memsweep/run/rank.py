@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
+from .. import stopping
 from ..config import hardware
 from ..errors import outcome
 from . import procenv, results
@@ -35,7 +36,8 @@ def load_job(ranks_dir: Path):
 
 def main(job_dir: Path) -> int:
     procenv.prepare()
-    return run_rank(load_job(job_dir / RANKS_DIR), job_dir)
+    with stopping.handling():  # the terminal's Ctrl-C (or torchrun's copy of it) ends this rank interrupted
+        return run_rank(load_job(job_dir / RANKS_DIR), job_dir)
 
 
 def run_rank(job, job_dir: Path) -> int:
@@ -55,7 +57,8 @@ def run_rank(job, job_dir: Path) -> int:
         status, reason = outcome(exc)
         (rank_dir / "traceback.txt").write_text(traceback.format_exc())
         results.write(rank_dir / ERROR_FILE, {"rank": rank, "status": status, "reason": reason})
-        traceback.print_exc()
+        if status != "interrupted":  # a stop is no error: the job's ending line says it
+            traceback.print_exc()
         return 1
     mine = {"rank": rank, "train_loss": res.metrics.train_loss, "memory": asdict(res.memory),
             "optimizer_state_bytes": res.effective.get("optimizer_state_bytes"),

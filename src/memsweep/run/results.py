@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-STATUSES = ("ok", "oom", "unsupported", "diverged", "failed")
+from ..errors import STATUSES
+
 RESULTS_FILE = "results.json"
 VERSIONED = ("torch", "transformers", "datasets", "peft", "accelerate", "deepspeed", "bitsandbytes",
              "hydra-core", "omegaconf", "wandb", "memsweep")

@@ -8,6 +8,7 @@ import torch
 from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
+from .. import stopping
 from ..config.schema import Config, HardwareConf, Progress
 from ..errors import Diverged
 from ..measure import memcap
@@ -21,7 +22,7 @@ from . import model as model_mod
 from . import procenv, task
 from .plan import Plan, build_plan
 from .results import Result
-from .trainer import DivergenceCallback, MemsweepTrainer, WandbLogCallback
+from .trainer import DivergenceCallback, MemsweepTrainer, StopCallback, WandbLogCallback
 
 
 def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, nproc: int, epochs: float,
@@ -103,7 +104,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
         train_dataset=data.train,
         processing_class=tokenizer,
         data_collator=task.collator(job.task, tokenizer, job.data.pad_to_multiple_of),
-        callbacks=[ledger, divergence, WandbLogCallback(run), step_timer, display],
+        callbacks=[ledger, divergence, StopCallback(), WandbLogCallback(run), step_timer, display],
         plan=plan,
         pad_to=job.max_seq_len,
         pad_measured_step=ledger_step if job.measure.ledger else -1,
@@ -117,39 +118,62 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
     built = None
     setup_started = time.perf_counter()
     try:
-        built = build(job, profile, job_dir, run)
+        with stopping.interruptible("while loading the tokenizer, data and model"):
+            built = build(job, profile, job_dir, run)
         res.shape_advice = shapes.audit(profile, built.trainer.plan.micro_batch_size,
                                            built.trainer.model.config.vocab_size, job.data.pad_to_multiple_of)
         model = built.trainer.model
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM
-            _train_and_evaluate(built, job, profile, res, run)
-        res.time.update(built.step_timer.summary(setup_started))
+            _train_and_evaluate(built, job, profile, res, run, setup_started)
     finally:
         release(built)
 
 
-def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: Result, run) -> None:
+def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: Result, run,
+                        setup_started: float) -> None:
     trainer, data = built.trainer, built.data
     res.data = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
-    with optim.own_bitsandbytes_overrides():
+    # One process: a stop ends training after the optimizer step in progress (StopCallback). The ranks
+    # of a multi-process job must not stop at different steps (the others would wait in a collective
+    # forever): there a signal interrupts the step at once and torchrun ends the other ranks.
+    stops_between_steps = trainer.args.world_size == 1
+    with optim.own_bitsandbytes_overrides(), (
+            stopping.deferred() if stops_between_steps else stopping.interruptible("during training")):
         out = trainer.train()
     if built.divergence.diverged_at is not None:
         raise Diverged(f"loss became NaN/inf by optimizer step {built.divergence.diverged_at}")
     if not math.isfinite(out.training_loss):  # a NaN after the last logged step
         raise Diverged(f"mean training loss is {out.training_loss}")
+    record_training(built, out, profile, res)
+    res.time.update(built.step_timer.summary(setup_started))
+    if stopping.requested() is not None:  # stopped between two optimizer steps: what it measured is kept
+        res.effective.update(effective(trainer.model, trainer, measured_ledger(built)))
+        stopping.check(stopped_at(trainer, res))
+
+    started = time.perf_counter()
+    with stopping.interruptible("during evaluation, after training "
+                                f"{trainer.state.global_step} optimizer steps (train loss {out.training_loss:.4f})"):
+        res.metrics.update(**task.evaluate(job.task, trainer, data.eval))
+    res.time.eval_s = round(time.perf_counter() - started, 3)
+    # beside what the job recorded itself (autofit)
+    res.effective.update(effective(trainer.model, trainer, measured_ledger(built)))
+    if run is not None:
+        run.log({f"eval/{k}": getattr(res.metrics, k) for k in ("f1", "accuracy", "eval_loss", "perplexity")
+                 if getattr(res.metrics, k) is not None})
+
+
+def record_training(built: Built, out, profile: HardwareConf, res: Result) -> None:
+    """What training measured: loss, time, throughput, tokens, and the memory ledger of its step."""
+    trainer = built.trainer
     train_s = out.metrics["train_runtime"]
     tokens = trainer.tokens_seen()
     res.data["train_tokens_seen"] = tokens  # non-padding: which examples were trained on, in total
-
-    started = time.perf_counter()
-    res.metrics.update(train_loss=float(out.training_loss), **task.evaluate(job.task, trainer, data.eval))
-    res.time.update(train_s=round(train_s, 3), eval_s=round(time.perf_counter() - started, 3),
-                       samples_per_s=out.metrics["train_samples_per_second"],
-                       tokens_per_s=round(tokens / train_s, 1) if train_s else None,
-                       optimizer_steps=trainer.state.global_step)
-
-    ledger = built.ledger.ledger if built.ledger.ledger and built.ledger.ledger.peak_bytes else None
+    res.metrics.train_loss = float(out.training_loss)
+    res.time.update(train_s=round(train_s, 3), samples_per_s=out.metrics["train_samples_per_second"],
+                    tokens_per_s=round(tokens / train_s, 1) if train_s else None,
+                    optimizer_steps=trainer.state.global_step)
+    ledger = measured_ledger(built)
     mem = res.memory
     mem.device = profile.device
     if ledger is not None:
@@ -160,10 +184,21 @@ def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: R
                    peak_breakdown=b, ledger_step=ledger.step, ledger_seq_len=ledger.seq_len)
     else:
         mem.params_bytes = param_bytes(trainer.model)
-    res.effective.update(effective(trainer.model, trainer, ledger))  # beside what the job recorded (autofit)
-    if run is not None:
-        run.log({f"eval/{k}": getattr(res.metrics, k) for k in ("f1", "accuracy", "eval_loss", "perplexity")
-                 if getattr(res.metrics, k) is not None})
+
+
+def measured_ledger(built: Built):
+    """The memory ledger of the measured step, or None (not taken, or training ended before it)."""
+    ledger = built.ledger.ledger
+    return ledger if ledger and ledger.peak_bytes else None
+
+
+def stopped_at(trainer: MemsweepTrainer, res: Result) -> str:
+    """Where training stopped and what it had measured, for the reason of an interrupted job."""
+    ledger = (f"memory ledger of step {res.memory.ledger_step}: peak {res.memory.peak_bytes / 2**20:,.0f} MiB"
+              if res.memory.peak_bytes else "no memory ledger taken yet")
+    state = trainer.state
+    return (f"at optimizer step {state.global_step} of {state.max_steps}, after {res.time.train_s:.1f} s of "
+            f"training (train loss {res.metrics.train_loss:.4f}, {ledger}); not evaluated")
 
 
 def release(built: Built | None) -> None:

@@ -12,6 +12,8 @@
 - Evaluation has no "begin" event: `evaluation_loop` sends one, so its progress display times it all.
 - Batches of similar length (shuffled buckets) cut padding; the ledger step's batches are padded to
   `max_seq_len` so its memory figure does not depend on which examples it drew.
+- A stop (stopping.py) ends training after the optimizer step in progress (StopCallback); DataLoader
+  workers ignore SIGINT/SIGTERM, which would otherwise kill them and fail the job first.
 """
 import math
 
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
+from .. import stopping
 from ..measure.ledger import inner_optimizer
 from .model import pad_token_id
 from .plan import Plan
@@ -140,12 +143,25 @@ class MemsweepTrainer(Trainer):
                 callback.on_evaluation_begin(self.args, self.state, self.control, eval_dataloader=dataloader)
         return super().evaluation_loop(dataloader, *args, **kwargs)
 
+    def get_train_dataloader(self):
+        return _workers_leave_stops_to_the_job(super().get_train_dataloader())
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        return _workers_leave_stops_to_the_job(super().get_eval_dataloader(eval_dataset))
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self.state.global_step + 1 == self.pad_measured_step:
             pad_id = pad_token_id(self.model.config, self.processing_class)
             batches = [pad_batch(b, self.pad_to, pad_id) for b in batches]
         return batches, num_items
+
+
+def _workers_leave_stops_to_the_job(loader):
+    workers = vars(loader).get("base_dataloader", loader)  # Accelerate's wrapper iterates the DataLoader it holds
+    if workers.num_workers:
+        workers.worker_init_fn = stopping.leave_stops_to_the_job(workers.worker_init_fn)
+    return loader
 
 
 def restore_fsdp_plugin(accelerator, plugin_args: dict) -> None:
@@ -172,6 +188,19 @@ class DivergenceCallback(TrainerCallback):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(loss):
             self.diverged_at = state.global_step
+            control.should_training_stop = True
+
+
+class StopCallback(TrainerCallback):
+    """A stop asked for (stopping.py) ends training at the end of the optimizer step in progress, through
+    Trainer's own control: the step completes, Trainer leaves its loop and returns what it trained."""
+
+    def __init__(self):
+        self.stopped_at = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if stopping.requested() is not None:
+            self.stopped_at = state.global_step
             control.should_training_stop = True
 
 

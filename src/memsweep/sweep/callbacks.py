@@ -3,6 +3,7 @@
 Hydra instantiates them at every start, also for `--help` and single runs: keep this module light
 and import the sweep layer only when a multirun starts, the report's pandas/matplotlib only when it ends.
 """
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -53,14 +54,64 @@ class JobProgress(Callback):
 
 
 class SweepReport(Callback):
-    """When a multirun ends: write the sweep summary, print its table, log the W&B summary run.
+    """When a multirun ends, or is stopped: write the sweep summary, print its table, log the W&B summary run.
 
-    Exit code: jobs ending `oom`, `diverged` or `unsupported` are results, the sweep succeeded (0).
-    A job that `failed` (an error) or left no result makes the process exit 1 — after the summary
-    is written, so the other jobs' results are never lost.
+    Stopping (stopping.py): from the sweep's start, SIGINT/SIGTERM end the running job `interrupted`
+    and no further job starts. Where Hydra runs the jobs in this process (its basic launcher), the
+    sweep ends right after that job; a launcher's worker processes keep the stop for the jobs they are
+    handed next (recorded `not started`). Either way the summary lists every job, and the process exits
+    130 (SIGINT) or 143 (SIGTERM); `python -m memsweep.resume <sweep dir>` runs what is left.
+
+    Exit code otherwise: jobs ending `oom`, `diverged` or `unsupported` are results, the sweep succeeded
+    (0). A job that `failed` (an error), left no result, or was stopped without this process being
+    signalled makes it exit 1 — after the summary is written, so the other jobs' results are never lost.
     """
 
+    def __init__(self) -> None:
+        self.sweep_pid: Optional[int] = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from .. import stopping
+
+        self.sweep_pid = os.getpid()
+        # For the whole sweep: a stop between two jobs is kept, not lost. Not where the jobs run on a
+        # cluster: this process only waits for them there, and Ctrl-C leaves it as before.
+        if not str(OmegaConf.select(config, "hydra.launcher._target_")).endswith("SlurmLauncher"):
+            stopping.install()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.sweep_pid is not None and os.getpid() != self.sweep_pid:
+            from .. import stopping
+
+            stopping.install()  # a launcher's worker: its stop must outlive this job, for the next one
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from .. import stopping
+
+        if os.getpid() == self.sweep_pid and stopping.requested() is not None:
+            self.end(config)  # the jobs run in this process: none starts after this one
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.end(config)
+
+    def end(self, config: DictConfig) -> None:
+        from .. import stopping
+        from ..errors import stopped_exit_code
+
+        try:
+            code = self.report(config)
+            if (signum := stopping.requested()) is not None:
+                print(f"[memsweep] sweep stopped by {stopping.name(signum)}; resume it with: "
+                      f"python -m memsweep.resume {config.hydra.sweep.dir}", flush=True)
+                code = stopped_exit_code(signum)
+        finally:
+            stopping.uninstall()
+        if code:
+            # Hydra catches Exceptions raised by callbacks and only warns; SystemExit passes through.
+            raise SystemExit(code)
+
+    def report(self, config: DictConfig) -> int:
+        """Write and print the summary; the sweep's exit code by its jobs (0 or 1)."""
         from ..config.schema import is_on
         from . import report, sweepdir
 
@@ -69,7 +120,7 @@ class SweepReport(Callback):
             from ..estimate.table import write_sweep_table
 
             print("\n" + write_sweep_table(Path(sweep_dir)).read_text(), flush=True)
-            return
+            return 0
         summary = report.build(Path(sweep_dir), OmegaConf.select(config, "report.baseline"), strict=False)
         report.write(summary)
         print("\n" + summary.markdown, flush=True)
@@ -82,5 +133,7 @@ class SweepReport(Callback):
             listed = ", ".join(f"{j.num} ({j.status})" for j in summary.failed)
             print(f"[memsweep] error: {len(summary.failed)} job(s) failed or left no result: {listed}; "
                   "see traceback.txt in their job dirs", flush=True)
-            # Hydra catches Exceptions raised by callbacks and only warns; SystemExit passes through.
-            raise SystemExit(1)
+        if summary.unfinished:
+            listed = ", ".join(f"{j.num} ({j.status})" for j in summary.unfinished)
+            print(f"[memsweep] {len(summary.unfinished)} job(s) stopped or not started: {listed}", flush=True)
+        return 1 if summary.failed or summary.unfinished else 0

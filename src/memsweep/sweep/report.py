@@ -7,8 +7,9 @@ Writes into the sweep dir:
   memory.png     stacked bars per job: params / grads / optimizer / activations / other at the peak
   tradeoff.png   peak memory against train time, each point labelled with its F1
 
-Every job of the sweep's grid gets a row: a job that did not finish is `missing`, a job that ended
-otherwise than `ok` shows its status and reason. It runs at the end of every multirun (callbacks.py)
+Every job of the sweep's grid gets a row: a job that never began is `not started`, one that began but
+left no result is `missing`, a job that ended otherwise than `ok` (`interrupted` included) shows its
+status and reason. It runs at the end of every multirun (callbacks.py)
 and at any time after: `python -m memsweep.sweep.report <sweep dir>` (`make report SWEEP=<sweep dir>`).
 """
 import argparse
@@ -23,6 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from ..config.schema import is_on
+from ..errors import STATUSES
 from ..measure import shapes
 from ..run import results
 from . import plots, sweepdir
@@ -48,6 +50,11 @@ class Summary:
     def failed(self) -> list[SweepJob]:
         """Jobs that make a sweep unsuccessful: errors and jobs that left no result."""
         return [j for j in self.jobs if j.status in ("failed", "missing")]
+
+    @property
+    def unfinished(self) -> list[SweepJob]:
+        """Jobs a stop ended or kept from starting: resume runs them."""
+        return [j for j in self.jobs if j.status in ("interrupted", "not started")]
 
 
 # --- the baseline -----------------------------------------------------------------------------
@@ -117,7 +124,7 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 def _counts(jobs: list[SweepJob]) -> str:
     statuses = [j.status for j in jobs]
-    return ", ".join(f"{statuses.count(s)} {s}" for s in (*results.STATUSES, "missing") if s in statuses)
+    return ", ".join(f"{statuses.count(s)} {s}" for s in (*STATUSES, "missing") if s in statuses)
 
 
 def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJob, varying: list[str],
@@ -223,8 +230,10 @@ def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
         return None
     import wandb
 
-    from . import wandb_log
+    from . import resume, wandb_log
 
+    # A resumed (or re-reported) sweep keeps one summary run: an earlier one goes to attempts/<n>/.
+    resume.set_aside_previous_attempt(summary.sweep_dir)
     run = wandb_log.start(logger_cfg, summary.sweep_dir, group=group, name="summary", job_type="summary",
                           config={"sweep_dir": str(summary.sweep_dir), "baseline_job": summary.baseline.num,
                                   "jobs": len(summary.jobs)},
@@ -236,7 +245,7 @@ def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
     run.log({"summary": wandb.Table(dataframe=table),
              "memory": wandb.Image(str(summary.sweep_dir / "memory.png")),
              "tradeoff": wandb.Image(str(summary.sweep_dir / "tradeoff.png"))})
-    counts = {s: sum(j.status == s for j in summary.jobs) for s in {j.status for j in summary.jobs}}
+    counts = {s.replace(" ", "_"): sum(j.status == s for j in summary.jobs) for s in {j.status for j in summary.jobs}}
     run_dir = Path(run.dir).parent  # run.dir is its files/ folder
     wandb_log.finish(run, {f"jobs.{k}": v for k, v in counts.items()})
     return run_dir

@@ -5,7 +5,8 @@
     make sweep SWEEP=<sweep dir>                               # the `make sweep` grid
 
 A job is done when its results.json is complete, has the config hash of the job about to run, and its
-status is not `failed` (oom, diverged and unsupported are results; an error is worth another try).
+status is a measurement (`errors.KEPT_ON_RESUME`: ok, oom, diverged, unsupported). An error is worth
+another try, and a job `interrupted` or `not started` (a stopped sweep) runs again.
 Any other job runs again; what an earlier attempt left (its results.json, traceback, W&B run) is
 moved to <job dir>/attempts/<n>/ first, so each job ends with one result and one W&B run to sync.
 """
@@ -17,6 +18,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from ..errors import KEPT_ON_RESUME
 from ..run import results
 from . import sweepdir
 
@@ -26,7 +28,7 @@ LEFTOVERS = (results.RESULTS_FILE, "traceback.txt", "wandb/offline-run-*", "wand
 def completed(job_dir: Path, cfg_hash: str) -> Optional[dict[str, Any]]:
     """The saved results if this job is done with this exact config, else None."""
     saved = results.read(Path(job_dir) / results.RESULTS_FILE)
-    if saved is None or saved.get("config_hash") != cfg_hash or saved["status"] == "failed":
+    if saved is None or saved.get("config_hash") != cfg_hash or saved["status"] not in KEPT_ON_RESUME:
         return None
     return saved
 

@@ -123,7 +123,7 @@ def job_dirs(sweep_dir: Path) -> dict[int, tuple[Path, list[str]]]:
 class SweepJob:
     num: int
     overrides: list[str]
-    status: str  # a results status, or "missing" when the job left no result
+    status: str  # a results status; "not started" when it has no dir; "missing" when it began but left no result
     reason: Optional[str] = None
     res: Optional[dict[str, Any]] = None  # its results.json
     dir: Optional[Path] = None
@@ -160,7 +160,7 @@ def collect(sweep_dir: Path) -> list[SweepJob]:
     for num in sorted(set(range(len(planned))) | set(found)):
         job_dir, overrides = found.get(num, (None, planned[num] if num < len(planned) else []))
         if job_dir is None:
-            jobs.append(SweepJob(num, overrides, "missing", "the job never started"))
+            jobs.append(SweepJob(num, overrides, "not started", "the job never started"))
             continue
         res = results.read(job_dir / results.RESULTS_FILE)
         estimate = _read_json(job_dir / ESTIMATE_FILE) or (res or {}).get("estimate")

@@ -1,0 +1,178 @@
+"""A stop asked for is an ending: SIGINT (Ctrl-C), SIGTERM (`kill`, Slurm's scancel and time limit) and,
+inside a submitit job, its time-limit/preemption signal (USR2) end the running job `interrupted`.
+
+What the handler does depends on where the signal finds the process:
+
+- inside Trainer's loop (`deferred`): it records the stop; `StopCallback` (run/trainer.py) sets Trainer's
+  own `should_training_stop` at the end of the optimizer step in progress, and the train loop ends the
+  job with what it measured so far;
+- elsewhere in a job (`interruptible`: set-up, loading, evaluation, an estimate): it raises `Interrupted`
+  at once. Python runs handlers between bytecodes of the main thread, so it never lands inside a kernel;
+  a library that swallows it is caught by the check each of these blocks makes on entry (`check`);
+- anywhere else (between a sweep's jobs, while a job writes its ending): it records the stop, and the
+  sweep starts no further job (sweep/callbacks.py).
+
+A second Ctrl-C ends the process at once. Copies of the first signal are ignored: a terminal signals the
+whole process group, and launchers (torchrun's agent, submitit's controller) forward what they got to
+their children again, so a child sees one Ctrl-C twice within milliseconds. A repeated SIGTERM or USR2
+is ignored too; a cluster in a hurry follows them with SIGKILL.
+
+On the cluster's signal the job, once ended, hands over to submitit's own handler, which calls the
+launcher's `checkpoint()` and requeues the job (`hand_over`); the requeued job runs again from its start.
+"""
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from .errors import Interrupted
+
+# A second SIGINT sooner than this after the first is the same Ctrl-C, forwarded by a launcher.
+SAME_CTRL_C_S = 1.0
+
+
+@dataclass
+class _State:
+    signum: Optional[int] = None  # the stop asked for, once one is
+    at: float = 0.0  # when (monotonic)
+    where: Optional[str] = None  # inside an `interruptible` block: raise, saying this
+    previous: dict[int, Any] = field(default_factory=dict)  # the handlers ours replaced
+
+
+_state = _State()
+
+
+def requested() -> Optional[int]:
+    """The signal that asked this process to stop, or None."""
+    return _state.signum
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def cluster_signal() -> Optional[int]:
+    """submitit's time-limit/preemption signal (USR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise) when
+    this process runs a submitit job, else None."""
+    if "SUBMITIT_FOLDER" not in os.environ:  # set by submitit in every job it runs; saves importing it
+        return None
+    try:
+        import submitit
+
+        return submitit.JobEnvironment()._usr_sig()
+    except (ImportError, RuntimeError):
+        return None
+
+
+def _handle(signum: int, frame) -> None:
+    now = time.monotonic()
+    if _state.signum is not None:
+        if signum == signal.SIGINT and now - _state.at > SAME_CTRL_C_S:
+            print("[memsweep] Ctrl-C again: ending at once", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        return
+    _state.signum, _state.at = signum, now
+    if _state.where is not None:
+        where, _state.where = _state.where, None  # raised once; the job's ending is not interrupted
+        raise Interrupted(signum, where)
+    print(f"[memsweep] {name(signum)}: stopping at the next safe point (the end of the optimizer step in "
+          "progress); no further job starts. Ctrl-C again ends at once", file=sys.stderr, flush=True)
+
+
+def install() -> bool:
+    """Handle SIGINT, SIGTERM and the cluster's signal from now on, with no stop asked for yet. False
+    when nothing was installed: already installed, or not the main thread (only it can have handlers).
+    SIGINT stays ignored where it was (a background job: the shell asked that Ctrl-C not reach it)."""
+    if _state.previous or threading.current_thread() is not threading.main_thread():
+        return False
+    _state.signum, _state.where = None, None
+    wanted = [signal.SIGTERM, cluster_signal()]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        wanted.append(signal.SIGINT)
+    for signum in filter(None, wanted):
+        _state.previous[signum] = signal.signal(signum, _handle)
+    return True
+
+
+def uninstall() -> None:
+    """The handlers as they were before `install`, and no stop asked for."""
+    for signum, handler in _state.previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    _state.previous.clear()
+    _state.signum, _state.where = None, None
+
+
+@contextmanager
+def handling() -> Iterator[None]:
+    """Stops handled inside the block; left as they are when the block began with them already handled
+    (a sweep installs them for all its jobs: sweep/callbacks.py)."""
+    installed_here = install()
+    try:
+        yield
+    finally:
+        if installed_here:
+            uninstall()
+
+
+def check(where: str) -> None:
+    """Raise Interrupted if a stop was asked for (`where`: what the job was doing)."""
+    if _state.signum is not None:
+        raise Interrupted(_state.signum, where)
+
+
+@contextmanager
+def _mode(where: Optional[str]) -> Iterator[None]:
+    check(where or "before training")
+    outer, _state.where = _state.where, where
+    try:
+        yield
+    finally:
+        _state.where = outer if _state.signum is None else None
+
+
+def interruptible(where: str) -> Any:
+    """A block a signal interrupts at once: it raises Interrupted(signal, `where`)."""
+    return _mode(where)
+
+
+def deferred() -> Any:
+    """A block a signal only marks (Trainer's loop): the code inside stops at its next safe point."""
+    return _mode(None)
+
+
+def hand_over() -> None:
+    """After a job stopped by the cluster's signal: submitit's own handler checkpoints (the launcher's
+    `checkpoint()` -> a DelayedSubmission of the same job) and requeues it, then exits. A job it will
+    not requeue (timed out too often, or not checkpointable) just ends."""
+    signum = _state.signum
+    handler: Optional[Callable] = _state.previous.get(signum) if signum is not None else None
+    if signum is None or signum != cluster_signal() or not callable(handler):
+        return
+    from submitit.core.utils import UncompletedJobError
+
+    try:
+        handler(signum, None)
+    except UncompletedJobError as exc:
+        print(f"[memsweep] not requeued: {exc}", flush=True)
+
+
+def _worker_ignores_stops(init: Optional[Callable], worker_id: int) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    if init is not None:
+        init(worker_id)
+
+
+def leave_stops_to_the_job(init: Optional[Callable]) -> Callable:
+    """A DataLoader `worker_init_fn` (around `init`) for workers that leave stopping to the job's process.
+    A terminal's Ctrl-C and a cluster's SIGTERM reach the workers too, and torch fails the job when a
+    worker dies, before it could stop at its next optimizer step; the job's process ends its workers
+    itself, as it always does."""
+    if isinstance(init, functools.partial) and init.func is _worker_ignores_stops:
+        return init
+    return functools.partial(_worker_ignores_stops, init)
