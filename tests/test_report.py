@@ -222,7 +222,7 @@ def test_a_stopped_sweep_exits_with_the_signals_code_after_its_summary(tmp_path,
     import os
     import signal
 
-    from memsweep import stopping
+    from memsweep.run import stopping
 
     stopped = make_sweep(tmp_path / "a", {0: (1.0, 10.0, 0.8), 1: ("interrupted", "SIGTERM at optimizer step 3")})
     with pytest.raises(SystemExit) as stop:  # interrupted and not started jobs, no signal here: incomplete

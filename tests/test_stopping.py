@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, TINY, run_job
 from wandb_records import find_run_file, records, run_contents
 
-from memsweep import stopping
+from memsweep.run import stopping
 from memsweep.errors import EXIT_CODES, KEPT_ON_RESUME, STATUSES, Interrupted, exit_code, interrupted, outcome
 from memsweep.run import results, train_loop, trainer
 from memsweep.sweep import resume, sweepdir
@@ -82,7 +82,7 @@ def test_an_ignored_sigint_stays_ignored():
 
 SECOND_CTRL_C = """
 import os, signal, sys, time
-from memsweep import stopping
+from memsweep.run import stopping
 stopping.install()
 with stopping.deferred():
     os.kill(os.getpid(), signal.SIGINT)

@@ -1,5 +1,5 @@
 """hydra-submitit-launcher's launchers (`hydra/launcher=local`, `slurm`), with one change: a sweep told to
-stop (memsweep/stopping.py) ends with its summary even when a job was killed before it wrote a result.
+stop (memsweep/run/stopping.py) ends with its summary even when a job was killed before it wrote a result.
 
 That is what a terminal's Ctrl-C does under `hydra/launcher=local`: submitit's local controller shares
 the terminal's process group, gets the Ctrl-C too, and ends its tasks itself (SIGINT, then SIGKILL a
@@ -10,14 +10,14 @@ job as `missing`, the sweep exits 130, and resume runs it again. SIGTERM, which 
 and waits on, ends every job cleanly `interrupted`.
 
 Everything else is the plugin's: its `checkpoint()` returns a DelayedSubmission of the same job, which
-submitit requeues on the cluster's time-limit/preemption signal (memsweep.stopping.hand_over). They live
+submitit requeues on the cluster's time-limit/preemption signal (memsweep.run.stopping.hand_over). They live
 here because Hydra instantiates a launcher only from the `hydra_plugins` namespace.
 """
 from typing import Any, Sequence
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
-from memsweep import stopping
+from memsweep.run import stopping
 
 
 class _KeepsWhatFinished:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import stopping
+from ..run import stopping
 from ..config import schema, validate
 from ..config.schema import Config
 from ..errors import Interrupted, Unsupported, stopped_exit_code

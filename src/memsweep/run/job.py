@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from .. import stopping
+from . import stopping
 from ..config import validate
 from ..config.schema import Config, Mode
 from ..errors import BAD_INPUT, EXIT_CODES, ConfigError, exit_code, outcome

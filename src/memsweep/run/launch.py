@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import stopping
+from . import stopping
 from ..errors import STATUS_EXCEPTIONS, ConfigError
 from . import procenv, rank
 from .results import Result, read

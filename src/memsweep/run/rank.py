@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
-from .. import stopping
+from . import stopping
 from ..config import hardware
 from ..errors import outcome
 from . import procenv, results

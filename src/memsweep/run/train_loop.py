@@ -8,7 +8,7 @@ import torch
 from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from .. import stopping
+from . import stopping
 from ..config.schema import Config, HardwareConf, Progress
 from ..errors import Diverged
 from ..measure import memcap

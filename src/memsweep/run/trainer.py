@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
-from .. import stopping
+from . import stopping
 from ..measure.ledger import inner_optimizer
 from .model import pad_token_id
 from .plan import Plan

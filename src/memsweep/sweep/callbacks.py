@@ -71,7 +71,7 @@ class SweepReport(Callback):
         self.sweep_pid: Optional[int] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from .. import stopping
+        from ..run import stopping
 
         self.sweep_pid = os.getpid()
         # For the whole sweep: a stop between two jobs is kept, not lost. Not where the jobs run on a
@@ -81,12 +81,12 @@ class SweepReport(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self.sweep_pid is not None and os.getpid() != self.sweep_pid:
-            from .. import stopping
+            from ..run import stopping
 
             stopping.install()  # a launcher's worker: its stop must outlive this job, for the next one
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from .. import stopping
+        from ..run import stopping
 
         if os.getpid() == self.sweep_pid and stopping.requested() is not None:
             self.end(config)  # the jobs run in this process: none starts after this one
@@ -95,7 +95,7 @@ class SweepReport(Callback):
         self.end(config)
 
     def end(self, config: DictConfig) -> None:
-        from .. import stopping
+        from ..run import stopping
         from ..errors import stopped_exit_code
 
         try:

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from .errors import Interrupted
+from ..errors import Interrupted
 
 # A second SIGINT sooner than this after the first is the same Ctrl-C, forwarded by a launcher.
 SAME_CTRL_C_S = 1.0
