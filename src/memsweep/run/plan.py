@@ -50,10 +50,10 @@ class Plan:
 
 def build_plan(job, profile) -> Plan:
     """The plan of a composed job (schema.Config) on a resolved hardware profile."""
-    from ..techniques import apply_all
+    from ..techniques import apply_all, traits_of
     from .structure import for_job
 
     plan = Plan(device=profile.device, batch_size=job.batch_size, nproc=job.distributed.nproc, lr=job.lr,
-                task=job.task.name.value, structure=for_job(job))
+                task=job.task.name.value, structure=for_job(job), techniques=traits_of(job))
     apply_all(job, plan)
     return plan
