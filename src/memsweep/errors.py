@@ -1,4 +1,6 @@
 """The expected ways a job ends other than `ok`, and the status each exception maps to in results.json."""
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class ConfigError(Exception):
@@ -7,6 +9,21 @@ class ConfigError(Exception):
     def __init__(self, key: str, message: str):
         super().__init__(f"{key}: {message}")
         self.key = key
+
+
+@contextmanager
+def naming(key: str, allowed: str) -> Iterator[None]:
+    """Inside an input check, any error is bad input about `key`: one line saying what went wrong and what
+    is allowed, whatever raised it (a JSON decoder, a codec, pandas, transformers...)."""
+    try:
+        yield
+    except (ConfigError, Unsupported):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the point: no traceback for bad input
+        text = " ".join(str(exc).split())[:300] or "no message"
+        if isinstance(exc, KeyError):  # its message is only the key it did not find
+            text = f"no such name: {text}"
+        raise ConfigError(key, f"{text} ({type(exc).__name__}); allowed: {allowed}") from None
 
 
 class Unsupported(Exception):

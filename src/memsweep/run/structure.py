@@ -91,11 +91,24 @@ def with_overrides(found: Structure, o) -> Structure:
     )
 
 
-_FOUND: dict[str, Structure] = {}
+@dataclass(frozen=True)
+class Found:
+    """What the meta model shows of a job's model, kept per architecture for the next job."""
+    structure: Structure
+    modules: tuple[str, ...]  # every module's dotted name
+    adaptable: tuple[str, ...]  # the layers LoRA can adapt: linear, embedding, convolution
+    parameters: int
 
 
-def for_job(job) -> Structure:
-    """The structure of a job's model, read off the model built on the meta device (no weights, no memory)."""
+_FOUND: dict[str, Found] = {}
+
+
+def _is_adaptable(module) -> bool:
+    return _is_linear(module) or isinstance(module, (nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+
+
+def found(job) -> Found:
+    """The job's model built on the meta device (no weights, no memory), read once per architecture."""
     import transformers.initialization as hf_init
 
     from .model import hf_config
@@ -106,6 +119,13 @@ def for_job(job) -> Structure:
     key = cls.__name__ + config.to_json_string()
     if key not in _FOUND:
         with torch.device("meta"), hf_init.no_init_weights():
-            _FOUND[key] = discover(cls.from_config(config))
-    return with_overrides(_FOUND[key], job.model)
+            model = cls.from_config(config)
+        names = tuple(n for n, _ in model.named_modules() if n)
+        _FOUND[key] = Found(discover(model), names, tuple(n for n, m in model.named_modules() if _is_adaptable(m)),
+                            sum(p.numel() for p in model.parameters()))
+    return _FOUND[key]
 
+
+def for_job(job) -> Structure:
+    """The structure of a job's model, read off the model built on the meta device (no weights, no memory)."""
+    return with_overrides(found(job).structure, job.model)
