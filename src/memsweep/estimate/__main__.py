@@ -10,22 +10,25 @@ from typing import Optional
 
 from ..config import schema, validate
 from ..config.schema import Config
-from ..errors import Unsupported
+from ..errors import EXIT_CODES, ConfigError, outcome
 from ..sweep import sweepdir
 from .core import run_estimate
 from .table import write_pivot_table, write_sweep_table
 
 
 def compose(overrides: list[str]) -> Config:
+    """The job of the overrides in estimate mode, checked as train.py's jobs are (validate.job)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra.errors import HydraException
 
-    validate.group_options(overrides)  # one line for `model=nosuch`, as train.py gives
     schema.register_configs()
-    with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    return OmegaConf.to_object(cfg)
+    try:
+        with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides + ["mode=estimate"])
+    except HydraException as exc:
+        raise validate.composition_error(exc) from None
+    return validate.job(cfg)
 
 
 def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list[str]]:
@@ -57,10 +60,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from config files and keys, never the hub
     out = args.out or Path("outputs/estimate") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    from ..run import console
+
+    console.library_noise_to_log(out / "estimate.log")
+    try:  # one line for `model=nosuch`, `lr=3e−4`, `batch_size=many`, as train.py gives
+        validate.arguments(args.overrides + [o for grid in args.grid or [] for o in grid], multirun=True)
+    except ConfigError as exc:
+        print(f"memsweep: error: {exc}", file=sys.stderr)
+        return EXIT_CODES["bad input"]
     started = time.perf_counter()
     jobs = jobs_of(args.overrides, args.grid)
     memo: dict = {}  # one trace per job and device: profiles of one device differ only after it
-    failed = 0
+    failed = bad = 0
     for n, overrides in enumerate(jobs):
         job_dir = out / str(n)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -70,19 +81,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)
         try:
             job = compose(overrides)
-            validate.ranges(job)
             run_estimate(job, hardware.detect(job.hardware), job_dir, memo)
         except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
-            status = "unsupported" if isinstance(exc, Unsupported) else "failed"
-            failed += status == "failed"
-            (job_dir / sweepdir.STATUS_FILE).write_text(json.dumps({"status": status, "reason": str(exc)[:500]}))
-            print(f"[memsweep] {status}: {exc}", flush=True)
+            status, reason = outcome(exc)
+            bad += isinstance(exc, ConfigError)
+            failed += status == "failed" and not isinstance(exc, ConfigError)
+            (job_dir / sweepdir.STATUS_FILE).write_text(json.dumps({"status": status, "reason": reason[:500]}))
+            print(f"memsweep: error: {exc}" if isinstance(exc, ConfigError) else f"[memsweep] {status}: {exc}",
+                  flush=True)
     table = write_sweep_table(out)
     if args.by:  # the long table is in estimate.md; the one asked for is printed
         table = write_pivot_table(out, args.by)
     print("\n" + table.read_text(), flush=True)
     print(f"[memsweep] {len(jobs)} estimate(s) in {time.perf_counter() - started:.1f} s: {table}")
-    return 1 if failed else 0
+    return EXIT_CODES["failed"] if failed else EXIT_CODES["bad input"] if bad else 0
 
 
 if __name__ == "__main__":
