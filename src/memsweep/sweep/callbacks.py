@@ -1,7 +1,8 @@
 """Hydra callbacks (registered under `hydra.callbacks` in conf/config.yaml).
 
 Hydra instantiates them at every start, also for `--help` and single runs: keep this module light
-and import the sweep layer only when a multirun starts, the report's pandas/matplotlib only when it ends.
+and import the sweep layer and the report's pandas/matplotlib only when a multirun starts (a report
+written as the process exits cannot import them then).
 """
 import time
 from pathlib import Path
@@ -55,12 +56,61 @@ class JobProgress(Callback):
 class SweepReport(Callback):
     """When a multirun ends: write the sweep summary, print its table, log the W&B summary run.
 
+    Before it starts, a search whose metric the task does not report, or whose direction would look for
+    the worst value of it, is refused (exit 2): no trial runs. A sweep that stops part-way (a sweeper that
+    raises, e.g. Optuna when no trial completed) still gets the summary of the jobs it ran, written as
+    the process exits.
+
     Exit code: jobs ending `oom`, `diverged` or `unsupported` are results, the sweep succeeded (0).
     A job that `failed` (an error) or left no result makes the process exit 1 — after the summary
     is written, so the other jobs' results are never lost.
     """
 
+    def __init__(self) -> None:
+        self.config: Optional[DictConfig] = None
+        self.ended = False
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import atexit
+        import sys
+
+        from ..config import validate_names
+        from ..errors import EXIT_CODES, ConfigError
+
+        direction = OmegaConf.select(config, "hydra.sweeper.direction")  # a search (optuna) has one
+        if direction is not None:
+            try:
+                validate_names.search(OmegaConf.select(config, "task.name"), OmegaConf.select(config, "search.metric"),
+                                      direction)
+            except ConfigError as exc:
+                print(f"memsweep: error: {exc}", file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_CODES["bad input"])
+        from . import report  # noqa: F401 - imported now: at exit it could not be
+
+        self.config = config
+        atexit.register(self.report_if_stopped)
+
+    def report_if_stopped(self) -> None:
+        """At exit, the summary of a sweep that did not reach its end (nothing when it did)."""
+        if self.config is None or self.ended:
+            return
+        self.ended = True
+        try:
+            print("[memsweep] the sweep stopped before its end; summary of the jobs it ran:", flush=True)
+            self.report(self.config)
+        except Exception as exc:  # noqa: BLE001 - at exit: one line, never a traceback
+            print(f"[memsweep] no summary: {type(exc).__name__}: {exc}", flush=True)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.ended = True
+        failed = self.report(config)
+        if failed:
+            # Hydra catches Exceptions raised by callbacks and only warns; SystemExit passes through.
+            raise SystemExit(1)
+
+    @staticmethod
+    def report(config: DictConfig) -> bool:
+        """Write and print the summary (estimate.md for mode=estimate); whether a job failed or left none."""
         from ..config.schema import is_on
         from . import report, sweepdir
 
@@ -69,7 +119,7 @@ class SweepReport(Callback):
             from ..estimate.table import write_sweep_table
 
             print("\n" + write_sweep_table(Path(sweep_dir)).read_text(), flush=True)
-            return
+            return False
         summary = report.build(Path(sweep_dir), OmegaConf.select(config, "report.baseline"), strict=False)
         report.write(summary)
         print("\n" + summary.markdown, flush=True)
@@ -82,5 +132,4 @@ class SweepReport(Callback):
             listed = ", ".join(f"{j.num} ({j.status})" for j in summary.failed)
             print(f"[memsweep] error: {len(summary.failed)} job(s) failed or left no result: {listed}; "
                   "see traceback.txt in their job dirs", flush=True)
-            # Hydra catches Exceptions raised by callbacks and only warns; SystemExit passes through.
-            raise SystemExit(1)
+        return bool(summary.failed)
