@@ -82,17 +82,27 @@ def characters(key: str, value: str, multirun: bool) -> None:
             if any(_is_number(piece) for piece in re.split(r"[,\s\[\]()=:]+", fixed)):
                 raise ConfigError(key, f"{value!r} has a {unicodedata.name(ch).lower()} (U+{ord(ch):04X}) at character "
                                        f"{i + 1}, not the ASCII minus '-' a number needs; type {fixed!r}")
-    if _numeric(key) and THOUSANDS.match(value):
-        groups = re.split(f"[{SEPARATORS}]", value)
-        if multirun and "," in value and not any(g.startswith("0") for g in groups[1:]):
-            return  # `-m batch_size=8,128`: a sweep of two values
-        sep = next(c for c in value if c in SEPARATORS)
-        joined = "".join(groups)
-        decimal = sep == "," and groups[0].lstrip("+-") == "0" and len(groups) == 2
-        fix = f"{groups[0]}.{groups[1]} (a decimal point)" if decimal else f"{joined} (no separator)"
-        raise ConfigError(key, f"{value!r} has {unicodedata.name(sep).lower()} {sep!r}, which a number cannot hold"
-                               + (" (in an override a comma separates the values of a sweep)" if sep == "," else "")
-                               + f"; type {fix}")
+    _separators(key, value, multirun)
+
+
+def _separators(key: str, value: str, multirun: bool) -> None:
+    """In a numeric key, a comma (or space, apostrophe) between digits that no sweep means."""
+    fraction = re.match(r"^[+-]?\d+,(\d+)$", value)
+    if _plain(_field(key)) is float and fraction and not THOUSANDS.match(value) and (
+            not multirun or fraction.group(1).startswith("0")):  # `-m epochs=1,2` is a sweep
+        raise ConfigError(key, f"{value!r} has a decimal comma, which a number cannot hold (in an override a comma "
+                               f"separates the values of a sweep); type {value.replace(',', '.')}")
+    if not (_numeric(key) and THOUSANDS.match(value)):
+        return
+    groups = re.split(f"[{SEPARATORS}]", value)
+    if multirun and "," in value and not any(g.startswith("0") for g in groups[1:]):
+        return  # `-m batch_size=8,128`: a sweep of two values
+    sep = next(c for c in value if c in SEPARATORS)
+    point = sep == "," and groups[0].lstrip("+-") == "0" and len(groups) == 2
+    fix = f"{groups[0]}.{groups[1]} (a decimal point)" if point else f"{''.join(groups)} (no separator)"
+    raise ConfigError(key, f"{value!r} has {unicodedata.name(sep).lower()} {sep!r}, which a number cannot hold"
+                           + (" (in an override a comma separates the values of a sweep)" if sep == "," else "")
+                           + f"; type {fix}")
 
 
 def _numeric(key: str) -> bool:
@@ -181,6 +191,11 @@ def typed(override, multirun: bool, node: Optional[Any] = None) -> None:
     if override.is_sweep_override() and not multirun and override.value().__class__.__name__ == "ChoiceSweep":
         raise ConfigError(key, f"{override.input_line.partition('=')[2]!r} is several values and a single run takes "
                                "one: sweep them with -m, or quote the value ('a,b'), or make it a list ([a,b])")
+    for ref in re.findall(r"\$\{([\w.]+)\}", override.input_line.partition("=")[2]):
+        if _field(ref) is None and not _inside_free_mapping(ref):
+            beside = _field(ref.rpartition(".")[0]) if "." in ref else Config
+            raise ConfigError(key, f"interpolates ${{{ref}}}, which is not a memsweep key"
+                                   + (f"; the keys there are {known(ref)}" if dataclasses.is_dataclass(beside) else ""))
     tp = _field(key)
     if tp is None:
         if _inside_free_mapping(key) or override.is_add():

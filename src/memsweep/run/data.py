@@ -49,18 +49,16 @@ def _read(path: Path, encoding: str) -> pd.DataFrame:
 
 
 def _read_table(cfg: DataConf) -> pd.DataFrame:
-    if cfg.source == DataSource.tweets:
-        return _read(tweets_path(), cfg.encoding)
-    if not cfg.path:
+    if cfg.source != DataSource.tweets and not cfg.path:
         raise ConfigError("data.path", f"is null; data={cfg.name} reads a file: allowed: the path of a .csv, .jsonl "
                                        "or .json file")
-    path = Path(cfg.path)
+    path = tweets_path() if cfg.source == DataSource.tweets else Path(cfg.path)
     if not path.is_file():
         raise ConfigError("data.path", f"file {cfg.path!r} does not exist (a .csv, .jsonl or .json file)")
     try:
         return _read(path, cfg.encoding)
     except UnicodeError as exc:
-        raise ConfigError("data.encoding", f"{cfg.path!r} is not {cfg.encoding} text ({exc.reason} at byte "
+        raise ConfigError("data.encoding", f"{path.name!r} is not {cfg.encoding} text ({exc.reason} at byte "
                                            f"{getattr(exc, 'start', '?')}); allowed: the file's encoding, e.g. "
                                            "utf-8, latin-1, cp1252, utf-16") from None
     except ValueError as exc:  # pandas' ParserError is a ValueError

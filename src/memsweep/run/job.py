@@ -46,7 +46,8 @@ def hydra_context() -> Context:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     root = hc.sweep.dir if multirun else hc.run.dir
-    return Context(Path(hc.runtime.output_dir), list(hc.overrides.task), sweepdir.wandb_group(str(root)), multirun)
+    overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # as typed: `lr=${optim.lr}` stays text
+    return Context(Path(hc.runtime.output_dir), overrides, sweepdir.wandb_group(str(root)), multirun)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

@@ -53,6 +53,18 @@ class JobProgress(Callback):
             self.started = None
 
 
+def _without_hydra(config: DictConfig) -> DictConfig:
+    """The job config of a sweep's config (its typed schema kept), as a job gets it."""
+    import copy
+
+    from omegaconf import open_dict
+
+    job = copy.deepcopy(config)
+    with open_dict(job):
+        del job["hydra"]
+    return job
+
+
 class SweepReport(Callback):
     """When a multirun ends: write the sweep summary, print its table, log the W&B summary run.
 
@@ -74,14 +86,14 @@ class SweepReport(Callback):
         import atexit
         import sys
 
-        from ..config import validate_names
+        from ..config import validate, validate_names
         from ..errors import EXIT_CODES, ConfigError
 
         direction = OmegaConf.select(config, "hydra.sweeper.direction")  # a search (optuna) has one
-        if direction is not None:
+        if direction is not None:  # every trial would be refused alike: refuse the search before the first
             try:
-                validate_names.search(OmegaConf.select(config, "task.name"), OmegaConf.select(config, "search.metric"),
-                                      direction)
+                job = validate.settings(_without_hydra(config))
+                validate_names.search(job.task.name, job.search.metric, direction)
             except ConfigError as exc:
                 print(f"memsweep: error: {exc}", file=sys.stderr, flush=True)
                 raise SystemExit(EXIT_CODES["bad input"])
