@@ -149,10 +149,13 @@ def _inside_free_mapping(key: str) -> bool:
 
 
 def known(key: str) -> str:
-    """The keys beside `key` in the schema, for a message."""
+    """The keys beside `key` in the schema (the deepest section of it the schema has), for a message."""
     schema: Any = Config
     for part in key.split(".")[:-1]:
-        schema = field_type({f.name: f for f in dataclasses.fields(schema)}[part])
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        if part not in fields or not dataclasses.is_dataclass(field_type(fields[part])):
+            break
+        schema = field_type(fields[part])
     return ", ".join(f.name for f in dataclasses.fields(schema))
 
 
