@@ -22,6 +22,7 @@ def compose(overrides: list[str]) -> Config:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
+    validate.arguments(overrides, multirun=False)  # one line for `model=nosuch`, as train.py gives
     schema.register_configs()
     try:
         with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
