@@ -11,19 +11,24 @@ class ConfigError(Exception):
         self.key = key
 
 
+def bad_input(key: str, allowed: str, exc: BaseException) -> ConfigError:
+    """Any error met while checking `key`, as bad input about it: what went wrong and what is allowed."""
+    text = " ".join(str(exc).split())[:300] or "no message"
+    if isinstance(exc, KeyError):  # its message is only the key it did not find
+        text = f"no such name: {text}"
+    return ConfigError(key, f"{text} ({type(exc).__name__}); allowed: {allowed}")
+
+
 @contextmanager
 def naming(key: str, allowed: str) -> Iterator[None]:
-    """Inside an input check, any error is bad input about `key`: one line saying what went wrong and what
-    is allowed, whatever raised it (a JSON decoder, a codec, pandas, transformers...)."""
+    """Inside an input check, any error is bad input about `key`, whatever raised it (a JSON decoder, a
+    codec, pandas, transformers...): one line, never a traceback."""
     try:
         yield
     except (ConfigError, Unsupported):
         raise
     except Exception as exc:  # noqa: BLE001 - the point: no traceback for bad input
-        text = " ".join(str(exc).split())[:300] or "no message"
-        if isinstance(exc, KeyError):  # its message is only the key it did not find
-            text = f"no such name: {text}"
-        raise ConfigError(key, f"{text} ({type(exc).__name__}); allowed: {allowed}") from None
+        raise bad_input(key, allowed, exc) from None
 
 
 class Unsupported(Exception):

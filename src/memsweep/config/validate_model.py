@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import ConfigError, naming
+from ..errors import ConfigError, bad_input, naming
 from .schema import CONF_DIR, Config, Mode, ModelConf, ModelSource, is_on
 
 ARCHITECTURE = ("a model folder with its config.json (save_pretrained), a hub id, or model.config=<a config "
@@ -78,8 +78,7 @@ def building(cfg: ModelConf, allowed: str) -> Iterator[None]:
         named = [k for k, v in overrides(cfg).items() if re.search(rf"\b{re.escape(k)}\b", message)
                  or (len(str(v)) > 2 and str(v) in message)]
         key = blame(cfg, named[0]) if named else "model.overrides" if cfg.overrides else _architecture_key(cfg)
-        with naming(key, allowed if key.startswith("model.overrides") else ARCHITECTURE):
-            raise
+        raise bad_input(key, allowed if key.startswith("model.overrides") else ARCHITECTURE, exc) from None
 
 
 def blame(cfg: ModelConf, *hf_keys: str) -> str:

@@ -41,6 +41,20 @@ def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list
     return [list(job) for job in jobs]
 
 
+def command_line_ok(overrides: list[str], out: Path) -> bool:
+    """The command line checked as train.py checks it (one line for `model=nosuch`, `lr=3e−4`, a thousands
+    separator in a grid); library warnings from here on to out/estimate.log."""
+    from ..run import console
+
+    console.library_noise_to_log(out / "estimate.log")
+    try:
+        validate.arguments(overrides, multirun=True)
+        return True
+    except ConfigError as exc:
+        print(f"memsweep: error: {exc}", file=sys.stderr)
+        return False
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     import argparse
 
@@ -61,13 +75,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from config files and keys, never the hub
     out = args.out or Path("outputs/estimate") / time.strftime("%Y-%m-%d/%H-%M-%S")
-    from ..run import console
-
-    console.library_noise_to_log(out / "estimate.log")
-    try:  # one line for `model=nosuch`, `lr=3e−4`, `batch_size=many`, as train.py gives
-        validate.arguments(args.overrides + [o for grid in args.grid or [] for o in grid], multirun=True)
-    except ConfigError as exc:
-        print(f"memsweep: error: {exc}", file=sys.stderr)
+    if not command_line_ok(args.overrides + [o for grid in args.grid or [] for o in grid], out):
         return EXIT_CODES["bad input"]
     started = time.perf_counter()
     jobs = jobs_of(args.overrides, args.grid)
