@@ -41,7 +41,9 @@ def arguments(args: list[str], multirun: Optional[bool] = None) -> None:
         try:
             override = parser.parse_override(arg)
         except Exception as exc:  # noqa: BLE001 - Hydra's grammar error, in one line
-            raise ConfigError(key, f"Hydra cannot read {arg!r}: {str(exc).splitlines()[0]}") from None
+            value = arg.partition("=")[2]
+            raise ConfigError(key, f"Hydra cannot read {arg!r} ({str(exc).splitlines()[0]}); quote a value with such "
+                                   f"characters: {key}='{value}'") from None
         typed(override, multirun)
         free_key(override, args)
 
