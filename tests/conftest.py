@@ -124,3 +124,14 @@ def train_logging_every_step(overrides, job_dir: Path):
 
 def status(res: dict) -> tuple[str, str]:
     return res["status"], res["reason"] or ""
+
+
+@pytest.fixture(scope="session")
+def checks_imported():
+    """The libraries the input checks use (transformers' configs, model classes and schedulers, peft),
+    imported once by one full check of an encoder and a decoder job: the timing of a refusal then measures
+    the checks, as in a sweep's later jobs, not the process's first imports."""
+    from memsweep.config import validate
+
+    for overrides in (TINY, TINY + ["model=tiny-llama", "task=causal_lm"]):
+        validate.job(compose_config(overrides))

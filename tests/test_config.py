@@ -45,7 +45,7 @@ def _cli(*args):
 
 @pytest.mark.parametrize("args, says", [
     (["precision=fp8"], ["precision", "fp16", "bf16"]),  # names the group and lists what is allowed
-    (["optim.lrr=1"], ["lrr", "OptimConf"]),
+    (["optim.lrr=1"], ["optim.lrr", "the keys here are name, hf_name, lr"]),
     (["lr=fast"], ["lr", "fast"]),
     (["freezing.name=all"], ["freezing.name", "encoder", "bottom_half"]),
     (["fsdp.strategy=zero3"], ["fsdp.strategy", "full_shard", "shard_grad_op"]),

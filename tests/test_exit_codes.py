@@ -12,7 +12,9 @@ from memsweep.errors import EXIT_CODES
 
 CASES = {
     "bad input": ["batch_size=0"],
-    "oom": ["hardware=cpu", "hardware.memory_gib=0.001"],  # the model alone is over the cap
+    # 0.5 GiB more address space than the built model (memcap.py); batch 256 x 512 tokens with eager
+    # attention needs several GiB
+    "oom": ["hardware=cpu", "hardware.memory_gib=0.5", "batch_size=256", "max_seq_len=512", "attention=eager"],
     "diverged": ["precision=fp16", "lr=1e4", "max_steps=5"],
     "unsupported": ["hardware=cpu", "precision=tf32"],
 }

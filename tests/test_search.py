@@ -55,3 +55,35 @@ def test_optuna_search_runs_trials_and_reports_the_best(tmp_path):
     assert (float(overrides["lr"]), int(overrides["batch_size"])) == (params["lr"], params["batch_size"])
     config = yaml.safe_load((sweep / str(winner) / ".hydra" / "config.yaml").read_text())
     assert (config["lr"], config["batch_size"]) == (params["lr"], params["batch_size"])
+
+
+@pytest.mark.parametrize("args, metric, direction", [
+    ([], "f1", "maximize"), (["task=causal_lm"], "perplexity", "minimize"),
+    (["search.metric=accuracy"], "accuracy", "maximize"), (["search.metric=eval_loss"], "eval_loss", "minimize")])
+def test_the_search_optimises_the_tasks_metric_in_its_direction(args, metric, direction):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from memsweep.sweep.search import metric as metric_of, register_resolver
+
+    register_resolver()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hparams_search=optuna", *args], return_hydra_config=True)
+    assert OmegaConf.select(cfg, "hydra.sweeper.direction") == direction
+    assert metric_of(OmegaConf.to_object(cfg.search), cfg.task.name) == metric
+    res = {"status": "ok", "memory": {"peak_bytes": 1}, "metrics": {metric: 0.5}}
+    assert objective(res, OmegaConf.to_object(cfg.search), cfg.task.name) == 0.5
+
+
+@pytest.mark.slow  # a search in a subprocess
+def test_a_search_with_no_completed_trial_still_writes_the_summary_of_its_trials(tmp_path):
+    # every trial over a budget of 0.0001 GiB: Optuna ends the search with an error (no best trial)
+    sweep = tmp_path / "search"
+    done = subprocess.run(
+        [sys.executable, "train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=1", *TINY, "max_steps=1",
+         "search.max_peak_gib=0.0001", f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_MODE": "offline"})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "the sweep stopped before its end; summary of the jobs it ran:" in done.stdout
+    assert json.loads((sweep / "0" / "results.json").read_text())["status"] == "ok"
+    assert "| 0 " in (sweep / "summary.md").read_text() and (sweep / "summary.csv").exists()

@@ -2,6 +2,8 @@
 raised as, and a single run's exit code."""
 import re
 import signal
+from contextlib import contextmanager
+from typing import Iterator
 
 # Every status a results.json may hold. `interrupted`: a person or the cluster stopped the job
 # (stopping.py); `not started`: a launcher's worker was told to stop before it began this job.
@@ -17,6 +19,26 @@ class ConfigError(Exception):
     def __init__(self, key: str, message: str):
         super().__init__(f"{key}: {message}")
         self.key = key
+
+
+def bad_input(key: str, allowed: str, exc: BaseException) -> ConfigError:
+    """Any error met while checking `key`, as bad input about it: what went wrong and what is allowed."""
+    text = " ".join(str(exc).split())[:300] or "no message"
+    if isinstance(exc, KeyError):  # its message is only the key it did not find
+        text = f"no such name: {text}"
+    return ConfigError(key, f"{text} ({type(exc).__name__}); allowed: {allowed}")
+
+
+@contextmanager
+def naming(key: str, allowed: str) -> Iterator[None]:
+    """Inside an input check, any error is bad input about `key`, whatever raised it (a JSON decoder, a
+    codec, pandas, transformers...): one line, never a traceback."""
+    try:
+        yield
+    except (ConfigError, Unsupported):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the point: no traceback for bad input
+        raise bad_input(key, allowed, exc) from None
 
 
 class Unsupported(Exception):

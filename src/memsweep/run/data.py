@@ -49,17 +49,19 @@ def _read(path: Path, encoding: str) -> pd.DataFrame:
 
 
 def _read_table(cfg: DataConf) -> pd.DataFrame:
-    if cfg.source == DataSource.tweets:
-        return _read(tweets_path(), cfg.encoding)
-    if not cfg.path:
+    if cfg.source != DataSource.tweets and not cfg.path:
         raise ConfigError("data.path", f"is null; data={cfg.name} reads a file: allowed: the path of a .csv, .jsonl "
                                        "or .json file")
-    path = Path(cfg.path)
+    path = tweets_path() if cfg.source == DataSource.tweets else Path(cfg.path)
     if not path.is_file():
         raise ConfigError("data.path", f"file {cfg.path!r} does not exist (a .csv, .jsonl or .json file)")
     try:
         return _read(path, cfg.encoding)
-    except (ValueError, UnicodeDecodeError) as exc:  # pandas' ParserError is a ValueError
+    except UnicodeError as exc:
+        raise ConfigError("data.encoding", f"{path.name!r} is not {cfg.encoding} text ({exc.reason} at byte "
+                                           f"{getattr(exc, 'start', '?')}); allowed: the file's encoding, e.g. "
+                                           "utf-8, latin-1, cp1252, utf-16") from None
+    except ValueError as exc:  # pandas' ParserError is a ValueError
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise ConfigError("data.path", f"{cfg.path!r} is not a readable {'JSON' if 'json' in path.suffix else 'CSV'} "
                                        f"table ({first}); allowed: a .csv, .jsonl or .json file with the columns "
@@ -95,11 +97,16 @@ def _read_hub(cfg: DataConf) -> tuple[pd.DataFrame, "pd.DataFrame | None"]:
 
 
 def _clean(df: pd.DataFrame, cfg: DataConf, where: str, labelled: bool = True) -> pd.DataFrame:
-    if not labelled and cfg.label_column not in df.columns:  # text only: one placeholder class
+    if not labelled and cfg.labels is None and cfg.label_column not in df.columns:  # text only: one placeholder class
         df = df.assign(**{cfg.label_column: ""})
     for key, column in (("data.text_column", cfg.text_column), ("data.label_column", cfg.label_column)):
         if column not in df.columns:
-            raise ConfigError(key, f"column {column!r} not in {where}; columns are {list(df.columns)}")
+            why = (f" (data.labels={list(cfg.labels)} keeps the rows of these values in it)"
+                   if key == "data.label_column" and not labelled else "")
+            raise ConfigError(key, f"column {column!r} not in {where}{why}; columns are {list(df.columns)}")
+    if not (df[cfg.text_column].dropna().astype(str).str.strip() != "").any():
+        raise ConfigError("data.text_column", f"column {cfg.text_column!r} of {where} has no text in its "
+                                              f"{len(df)} rows; columns are {list(df.columns)}")
     df = df[[cfg.text_column, cfg.label_column]].dropna()
     df = df.rename(columns={cfg.text_column: "text", cfg.label_column: "label"})
     df["text"] = df["text"].astype(str)
@@ -121,6 +128,11 @@ def _label_names(df: pd.DataFrame, cfg: DataConf) -> list[str]:
     if len(names) < 2:
         raise ConfigError("data.label_column", f"column {cfg.label_column!r} has only {names}: "
                                                "classification needs at least 2 classes")
+    counts = df["label"].value_counts()
+    rare = sorted(str(c) for c in names if counts.get(c, 0) < 2)
+    if rare:  # the split keeps each class's share: it needs 2 examples of each
+        raise ConfigError("data.label_column", f"classes {rare} of column {cfg.label_column!r} have fewer than 2 rows; "
+                                               "allowed: data.labels=[...] naming classes with 2 rows or more")
     return names
 
 

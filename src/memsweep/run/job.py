@@ -48,7 +48,8 @@ def hydra_context() -> Context:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     root = hc.sweep.dir if multirun else hc.run.dir
-    return Context(Path(hc.runtime.output_dir), list(hc.overrides.task), sweepdir.wandb_group(str(root)), multirun)
+    overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)  # as typed: `lr=${optim.lr}` stays text
+    return Context(Path(hc.runtime.output_dir), overrides, sweepdir.wandb_group(str(root)), multirun)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
         with finishing(res, ctx, cfg) as wandb_run, stopping.interruptible("while setting the job up"):
             body(cfg, res, ctx.job_dir, wandb_run)
-        print_summary(res, ctx.job_dir)
+        print_summary(res, ctx.job_dir, advice=cfg.mode != Mode.estimate)  # an estimate printed its own
         if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
             print(f"[memsweep] W&B run: {run_at}", flush=True)
         stopping.hand_over()  # stopped by the cluster's signal: submitit requeues the job
@@ -94,11 +95,11 @@ def not_started(cfg: DictConfig, signum: int) -> dict[str, Any]:
 
 def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     """What the job does, in order; any exception is its ending (see finishing)."""
-    validate.config(cfg)  # bad input is refused before any work
-    job: Config = OmegaConf.to_object(cfg)
-    validate.ranges(job)
-    if job.mode == Mode.train:
-        validate.inputs(job)
+    from . import console
+
+    job: Config = validate.settings(cfg)  # bad input is refused before any work, in every mode
+    console.library_noise_to_log()  # the libraries the next checks import warn as they load
+    validate.inputs(job)
     from ..config import hardware, rules
     from . import launch, procenv
 
@@ -150,7 +151,7 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
     counters.reset_cuda_peak()
     logger = OmegaConf.to_object(cfg.logger)
     wandb_run = wandb_log.start(logger, ctx.job_dir, group=ctx.wandb_group, name=ctx.name, job_type="train",
-                                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                                config=results.container(cfg),
                                 tags=[o.replace("=", ":") for o in ctx.overrides] or ["default"])
     try:
         yield wandb_run
@@ -187,7 +188,8 @@ def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-def print_summary(res: Result, job_dir: Path) -> None:
+def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
+    """The job's lines: its ending, what it measured and for which shape, and (`advice`) the tensor-core advice."""
     m, t, mem = res.metrics, res.time, res.memory
     name = sweepdir.job_name(res.overrides)
     lines = [f"[memsweep] {name}: {res.status}" + (f" ({res.reason})" if res.reason else "")]
@@ -197,7 +199,8 @@ def print_summary(res: Result, job_dir: Path) -> None:
         at_peak = mem.peak_breakdown or {}
         lines.append(f"  peak {_mib(mem.peak_bytes)} = " + " + ".join(
             f"{part} {_mib(at_peak.get(part, 0))}" for part in ("params", "grads", "optimizer", "activations", "temp"))
-            + f" + other (step {mem.ledger_step}, padded to {mem.ledger_seq_len})")
+            + f" + other (step {mem.ledger_step}, micro-batch {res.effective.get('micro_batch_size')} x "
+            f"{mem.ledger_seq_len} tokens)")
         lines.append(f"  gradients {_mib(mem.grads_bytes)}, held for backward {_mib(mem.activations_bytes)}")
         predicted = results.estimate_vs_measured(res.to_dict())
         if predicted["estimate_peak_bytes"]:
@@ -206,6 +209,6 @@ def print_summary(res: Result, job_dir: Path) -> None:
                          + ("" if error is None else f", {error:+.1f} % vs measured"))
         lines.append(f"  train {t.train_s:.1f} s, {t.samples_per_s:.1f} samples/s, "
                      f"{t.tokens_per_s:.0f} tokens/s; total {t.total_s:.1f} s")
-    lines += shapes.lines(res.shape_advice)
+    lines += shapes.lines(res.shape_advice) if advice else []
     lines.append(f"  results: {job_dir / results.RESULTS_FILE}")
     print("\n".join(lines), flush=True)

@@ -115,12 +115,23 @@ class Result:
         return dataclasses.asdict(self)
 
 
+def container(cfg: DictConfig) -> dict[str, Any]:
+    """The job config as plain data, resolved; unresolved where an interpolation fails (bad input that
+    validation refuses with its key: the job still gets a result to say so)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    except OmegaConfBaseException:
+        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+
+
 def config_hash(cfg: DictConfig) -> str:
     """Hash of the resolved job config: what decides the result (resume compares it)."""
-    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    plain = container(cfg)
     for key in NOT_HASHED:
-        container.pop(key, None)
-    blob = json.dumps(container, sort_keys=True, default=str)
+        plain.pop(key, None)
+    blob = json.dumps(plain, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

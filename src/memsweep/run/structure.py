@@ -90,11 +90,37 @@ def with_overrides(found: Structure, o) -> Structure:
     )
 
 
-def for_job(job) -> Structure:
-    """The structure of a job's model, read off its meta model (model.meta_model: no weights, no memory)."""
+@dataclass(frozen=True)
+class Found:
+    """What the meta model shows of a job's model, kept per architecture for the next job."""
+    structure: Structure
+    modules: tuple[str, ...]  # every module's dotted name
+    adaptable: tuple[str, ...]  # the layers LoRA can adapt: linear, embedding, convolution
+    parameters: int
+
+
+_FOUND: dict[int, Found] = {}
+
+
+def _is_adaptable(module) -> bool:
+    return _is_linear(module) or isinstance(module, (nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+
+
+def found(job) -> Found:
+    """What the job's meta model (model.meta_model: built once per architecture and head, no weights, no
+    memory) shows, read once."""
     from .model import meta_model
     from .task import auto_class, num_labels
 
     model = meta_model(job.model, auto_class(job.task), num_labels(job.task, job.data.labels))
-    return with_overrides(discover(model), job.model)
+    if id(model) not in _FOUND:  # meta models are kept for the process: the id stays theirs
+        names = tuple(n for n, _ in model.named_modules() if n)
+        _FOUND[id(model)] = Found(discover(model), names,
+                                  tuple(n for n, m in model.named_modules() if _is_adaptable(m)),
+                                  sum(p.numel() for p in model.parameters()))
+    return _FOUND[id(model)]
 
+
+def for_job(job) -> Structure:
+    """The structure of a job's model, read off the model built on the meta device (no weights, no memory)."""
+    return with_overrides(found(job).structure, job.model)

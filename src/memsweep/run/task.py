@@ -7,11 +7,33 @@
   eval loss is the mean over eval batches of each batch's mean token loss.
 """
 import math
+from typing import Optional
 
 from ..config.schema import TaskConf, TaskName
 
 # The results.json metric that says how good a job is, and whether higher is better.
 QUALITY = {TaskName.classification: ("f1", True), TaskName.causal_lm: ("perplexity", False)}
+# Every metric a task's jobs report (results.json `metrics`), and whether higher is better.
+METRICS = {TaskName.classification: {"f1": True, "accuracy": True, "eval_loss": False, "train_loss": False},
+           TaskName.causal_lm: {"perplexity": False, "eval_loss": False, "train_loss": False}}
+
+
+def head_refusal(name, model_type: str, is_decoder: bool = False) -> Optional[str]:
+    """Why a model of this transformers type cannot take the task's head (None when it can), from
+    transformers' own tables of which architecture has which head. A causal LM needs a decoder: an
+    encoder with a masked-LM head (BERT) reads the whole text at once, and its causal-LM class only
+    warns unless its config says it is a decoder."""
+    from transformers.models.auto import modeling_auto as auto
+
+    if TaskName(name) == TaskName.causal_lm:
+        if model_type not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return f"transformers has no causal-LM head for {model_type!r} models"
+        if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not is_decoder:
+            return f"{model_type!r} is an encoder (a masked-LM model), not a decoder that predicts the next token"
+        return None
+    if model_type not in auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        return f"transformers has no sequence-classification head for {model_type!r} models"
+    return None
 
 
 def auto_class(cfg: TaskConf):

@@ -1,7 +1,8 @@
 """Hydra callbacks (registered under `hydra.callbacks` in conf/config.yaml).
 
 Hydra instantiates them at every start, also for `--help` and single runs: keep this module light
-and import the sweep layer only when a multirun starts, the report's pandas/matplotlib only when it ends.
+and import the sweep layer and the report's pandas/matplotlib only when a multirun starts (a report
+written as the process exits cannot import them then).
 """
 import os
 import time
@@ -53,10 +54,46 @@ class JobProgress(Callback):
             self.started = None
 
 
+def _without_hydra(config: DictConfig) -> DictConfig:
+    """The job config of a sweep's config (its typed schema kept), as a job gets it."""
+    import copy
+
+    from omegaconf import open_dict
+
+    job = copy.deepcopy(config)
+    with open_dict(job):
+        del job["hydra"]
+    return job
+
+
+def refuse_a_search_that_cannot_run(config: DictConfig) -> None:
+    """Every trial of a search whose metric or direction cannot work would be refused alike: refuse the
+    search before the first (exit 2)."""
+    import sys
+
+    from ..config import validate, validate_names
+    from ..errors import EXIT_CODES, ConfigError
+
+    direction = OmegaConf.select(config, "hydra.sweeper.direction")  # a search (optuna) has one
+    if direction is None:
+        return
+    try:
+        job = validate.settings(_without_hydra(config))
+        validate_names.search(job.task.name, job.search.metric, direction)
+    except ConfigError as exc:
+        print(f"memsweep: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CODES["bad input"])
+
+
 class SweepReport(Callback):
     """When a multirun ends, or is stopped: write the sweep summary, print its table, log the W&B summary run.
 
-    Stopping (stopping.py): from the sweep's start, SIGINT/SIGTERM end the running job `interrupted`
+    Before it starts, a search whose metric the task does not report, or whose direction would look for
+    the worst value of it, is refused (exit 2): no trial runs. A sweep that stops part-way (a sweeper that
+    raises, e.g. Optuna when no trial completed) still gets the summary of the jobs it ran, written as
+    the process exits.
+
+    Stopping (run/stopping.py): from the sweep's start, SIGINT/SIGTERM end the running job `interrupted`
     and no further job starts. Where Hydra runs the jobs in this process (its basic launcher), the
     sweep ends right after that job; a launcher's worker processes keep the stop for the jobs they are
     handed next (recorded `not started`). Either way the summary lists every job, and the process exits
@@ -69,11 +106,19 @@ class SweepReport(Callback):
 
     def __init__(self) -> None:
         self.sweep_pid: Optional[int] = None
+        self.config: Optional[DictConfig] = None
+        self.ended = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import atexit
+
         from ..run import stopping
 
-        self.sweep_pid = os.getpid()
+        refuse_a_search_that_cannot_run(config)
+        from . import report  # noqa: F401 - imported now: at exit it could not be
+
+        self.sweep_pid, self.config = os.getpid(), config
+        atexit.register(self.report_if_stopped)
         # For the whole sweep: a stop between two jobs is kept, not lost. Not where the jobs run on a
         # cluster: this process only waits for them there, and Ctrl-C leaves it as before.
         if not str(OmegaConf.select(config, "hydra.launcher._target_")).endswith("SlurmLauncher"):
@@ -94,10 +139,22 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self.end(config)
 
-    def end(self, config: DictConfig) -> None:
-        from ..run import stopping
-        from ..errors import stopped_exit_code
+    def report_if_stopped(self) -> None:
+        """At exit, the summary of a sweep that did not reach its end (nothing when it did)."""
+        if self.config is None or self.ended or os.getpid() != self.sweep_pid:
+            return
+        self.ended = True
+        try:
+            print("[memsweep] the sweep stopped before its end; summary of the jobs it ran:", flush=True)
+            self.report(self.config)
+        except Exception as exc:  # noqa: BLE001 - at exit: one line, never a traceback
+            print(f"[memsweep] no summary: {type(exc).__name__}: {exc}", flush=True)
 
+    def end(self, config: DictConfig) -> None:
+        from ..errors import stopped_exit_code
+        from ..run import stopping
+
+        self.ended = True
         try:
             code = self.report(config)
             if (signum := stopping.requested()) is not None:
@@ -110,8 +167,9 @@ class SweepReport(Callback):
             # Hydra catches Exceptions raised by callbacks and only warns; SystemExit passes through.
             raise SystemExit(code)
 
-    def report(self, config: DictConfig) -> int:
-        """Write and print the summary; the sweep's exit code by its jobs (0 or 1)."""
+    @staticmethod
+    def report(config: DictConfig) -> int:
+        """Write and print the summary (estimate.md for mode=estimate); the sweep's exit code by its jobs (0 or 1)."""
         from ..config.schema import is_on
         from . import report, sweepdir
 

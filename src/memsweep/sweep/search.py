@@ -1,15 +1,38 @@
-"""The objective a hyperparameter sweeper (hparams_search=optuna) maximises: one job's metric, under a memory budget."""
+"""hparams_search=optuna: the objective of one trial (its metric, under a memory budget), and the direction
+of the search, both following the task unless `search.metric` names another metric it reports."""
 from typing import Any, Optional
 
-from ..config.schema import SearchConf
+from ..config.schema import SearchConf, TaskName
+from ..run import task
+
+RESOLVER = "memsweep_direction"  # conf/hparams_search/optuna.yaml: hydra.sweeper.direction
 
 
-def objective(res: dict[str, Any], cfg: SearchConf) -> Optional[float]:
+def metric(cfg: SearchConf, task_name) -> str:
+    """The metric a search optimises: `search.metric`, else the task's quality metric (run/task.py)."""
+    return cfg.metric or task.QUALITY[TaskName(getattr(task_name, "value", task_name))][0]
+
+
+def direction(task_name, metric_name: Optional[str]) -> str:
+    """`maximize` or `minimize`, as the metric is better higher or lower. A metric the task does not report
+    gets `maximize` here and is refused before the first trial (config/validate_names.search)."""
+    name = TaskName(getattr(task_name, "value", task_name))
+    higher = task.METRICS[name].get(metric_name or task.QUALITY[name][0], True)
+    return "maximize" if higher else "minimize"
+
+
+def register_resolver() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver(RESOLVER, direction, replace=True)
+
+
+def objective(res: dict[str, Any], cfg: SearchConf, task_name=TaskName.classification) -> Optional[float]:
     """The job's metric, or None (a failed trial) when it did not end ok or its peak is over budget."""
     if res.get("status") != "ok":
         return None
     peak = res["memory"].get("peak_bytes")
     if cfg.max_peak_gib is not None and (peak is None or peak > cfg.max_peak_gib * 2**30):
         return None
-    value = res["metrics"].get(cfg.metric)
+    value = res["metrics"].get(metric(cfg, task_name))
     return float(value) if value is not None else None

