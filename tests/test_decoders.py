@@ -46,6 +46,10 @@ def test_a_decoder_trains_on_next_tokens_and_reports_perplexity(plain):
     eff, mem, metrics = plain["effective"], plain["memory"], plain["metrics"]
     assert eff["total_params"] == eff["trainable_params"] == PARAMS and eff["param_dtype"] == "float32"
     assert metrics["perplexity"] == pytest.approx(math.exp(metrics["eval_loss"])) and metrics["f1"] is None
+    # the same eval split before training: random weights give near-uniform logits, a loss near ln(vocabulary)
+    assert metrics["perplexity_before"] == pytest.approx(math.exp(metrics["eval_loss_before"]))
+    assert abs(metrics["eval_loss_before"] - math.log(V)) < 0.1 and metrics["eval_loss_before"] != metrics["eval_loss"]
+    assert plain["time"]["eval_before_s"] > 0
     assert plain["time"]["optimizer_steps"] == 2
     assert mem["params_bytes"] == mem["grads_bytes"] == 4 * PARAMS
     assert mem["optimizer_bytes"] == pytest.approx(8 * PARAMS, abs=1024)  # AdamW's two fp32 moments
