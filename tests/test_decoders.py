@@ -286,3 +286,33 @@ def test_int8_lora_with_fsdp_is_refused_with_its_reason(tmp_path):
     res = run_job(LLAMA + ["lora=int8", "fsdp=full_shard"], tmp_path)
     reason = next(r.reason for r in rules.RULES if r.name == "int8-with-fsdp")
     assert (res["status"], res["reason"]) == ("unsupported", f"int8-with-fsdp: {reason}")
+
+
+def test_4bit_weights_an_eval_forward_repacked_are_made_trainable_again():
+    # On a CPU with AVX512-BF16 bitsandbytes repacks 4-bit weights for inference at an eval-mode forward (the
+    # perplexity before training runs one); forced here on any CPU, as the layer decides it by this flag.
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+    from bitsandbytes.nn import Linear4bit
+
+    from memsweep.run.trainer import unpack_4bit_for_training
+
+    torch.manual_seed(0)
+    layer = Linear4bit(64, 32, bias=False, quant_type="nf4", compute_dtype=torch.float32)
+    layer.weight = bnb.nn.Params4bit(torch.randn(32, 64), requires_grad=False, quant_type="nf4")
+    layer = layer.to("cpu")  # quantizes
+    weights = bnbf.dequantize_4bit(layer.weight.data, layer.weight.quant_state).clone()
+    layer.support_avx512bf16_for_cpu = True
+    layer.eval()
+    with torch.no_grad():
+        layer(torch.randn(4, 64))
+    assert layer.weight.quant_state.packing_format_for_cpu  # the inference layout
+    unpack_4bit_for_training(layer)
+    assert not getattr(layer.weight.quant_state, "packing_format_for_cpu", False)
+    # bitsandbytes' round trip is not bit-exact (its packed layout keeps the block scales in lower precision)
+    restored = bnbf.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+    assert torch.allclose(restored, weights, atol=0.02 * weights.abs().max().item())
+    layer.train()
+    x = torch.randn(4, 64, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

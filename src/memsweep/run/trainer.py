@@ -190,7 +190,8 @@ class BeforeTraining(TrainerCallback):
 
 def unpack_4bit_for_training(model) -> None:
     """An eval-mode forward on a CPU with AVX512-BF16 repacks bitsandbytes' 4-bit weights for its inference
-    kernel, a layout its training path cannot use: put them back, as bitsandbytes' own save path does."""
+    kernel, a layout its training path cannot use: put them back, as bitsandbytes' own save path does (a round
+    trip that is not bit-exact: the packed layout keeps the block scales in lower precision)."""
     if model is None or "bitsandbytes" not in sys.modules:
         return
     from bitsandbytes.nn.modules import Linear4bit, _convert_weight_packed_for_cpu_inverse
