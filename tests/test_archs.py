@@ -26,6 +26,8 @@ PUBLISHED = {
     # 3,637,321,728: "number of parameters in https://huggingface.co/stabilityai/stablelm-base-alpha-3b", asserted by
     # a public R torch GPT-NeoX test that builds the model from this config (see archs/README.md)
     "stablelm-base-alpha-3b": ("stabilityai/stablelm-base-alpha-3b", 3_637_321_728, False),
+    # 134,515,008: the elements of the tensors in the GGUF file model=smollm2-135m is built from (size label 135M)
+    "smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct", 134_515_008, True),
 }
 
 

@@ -46,6 +46,10 @@ def test_a_decoder_trains_on_next_tokens_and_reports_perplexity(plain):
     eff, mem, metrics = plain["effective"], plain["memory"], plain["metrics"]
     assert eff["total_params"] == eff["trainable_params"] == PARAMS and eff["param_dtype"] == "float32"
     assert metrics["perplexity"] == pytest.approx(math.exp(metrics["eval_loss"])) and metrics["f1"] is None
+    # the same eval split before training: random weights give near-uniform logits, a loss near ln(vocabulary)
+    assert metrics["perplexity_before"] == pytest.approx(math.exp(metrics["eval_loss_before"]))
+    assert abs(metrics["eval_loss_before"] - math.log(V)) < 0.1 and metrics["eval_loss_before"] != metrics["eval_loss"]
+    assert plain["time"]["eval_before_s"] > 0
     assert plain["time"]["optimizer_steps"] == 2
     assert mem["params_bytes"] == mem["grads_bytes"] == 4 * PARAMS
     assert mem["optimizer_bytes"] == pytest.approx(8 * PARAMS, abs=1024)  # AdamW's two fp32 moments
@@ -282,3 +286,33 @@ def test_int8_lora_with_fsdp_is_refused_with_its_reason(tmp_path):
     res = run_job(LLAMA + ["lora=int8", "fsdp=full_shard"], tmp_path)
     reason = next(r.reason for r in rules.RULES if r.name == "int8-with-fsdp")
     assert (res["status"], res["reason"]) == ("unsupported", f"int8-with-fsdp: {reason}")
+
+
+def test_4bit_weights_an_eval_forward_repacked_are_made_trainable_again():
+    # On a CPU with AVX512-BF16 bitsandbytes repacks 4-bit weights for inference at an eval-mode forward (the
+    # perplexity before training runs one); forced here on any CPU, as the layer decides it by this flag.
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+    from bitsandbytes.nn import Linear4bit
+
+    from memsweep.run.trainer import unpack_4bit_for_training
+
+    torch.manual_seed(0)
+    layer = Linear4bit(64, 32, bias=False, quant_type="nf4", compute_dtype=torch.float32)
+    layer.weight = bnb.nn.Params4bit(torch.randn(32, 64), requires_grad=False, quant_type="nf4")
+    layer = layer.to("cpu")  # quantizes
+    weights = bnbf.dequantize_4bit(layer.weight.data, layer.weight.quant_state).clone()
+    layer.support_avx512bf16_for_cpu = True
+    layer.eval()
+    with torch.no_grad():
+        layer(torch.randn(4, 64))
+    assert layer.weight.quant_state.packing_format_for_cpu  # the inference layout
+    unpack_4bit_for_training(layer)
+    assert not getattr(layer.weight.quant_state, "packing_format_for_cpu", False)
+    # bitsandbytes' round trip is not bit-exact (its packed layout keeps the block scales in lower precision)
+    restored = bnbf.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+    assert torch.allclose(restored, weights, atol=0.02 * weights.abs().max().item())
+    layer.train()
+    x = torch.randn(4, 64, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

@@ -1,9 +1,9 @@
-"""Models: the embedded MiniLM, the tiny test BERT, and the hub loading code on a local folder."""
+"""Models: the embedded MiniLM and SmolLM2, the tiny test BERT, and the hub loading code on a local folder."""
 import time
 
 import pytest
 
-from memsweep.run import model
+from memsweep.run import model, packaged
 from memsweep.errors import ConfigError
 from memsweep.config.schema import ModelConf, ModelSource
 
@@ -38,3 +38,42 @@ def test_unreachable_hub_model_fails_fast():
     with pytest.raises(ConfigError) as err:
         model.load_model(ModelConf(source=ModelSource.hub, path="bert-base-uncased"), 2, {})
     assert time.perf_counter() - started < 5 and err.value.key == "model.path"
+
+
+SMOLLM2 = ModelConf(name="smollm2-135m", source=ModelSource.embedded, config="smollm2-135m")
+
+
+def test_an_embedded_model_not_built_yet_takes_its_shipped_architecture_and_builds_nothing(tmp_path, monkeypatch):
+    # mode=estimate and the input checks read the architecture; only loading the weights builds the folder
+    monkeypatch.setenv("MEMSWEEP_CACHE_DIR", str(tmp_path))
+    assert packaged.folder("smollm2-135m", build=False) is None
+    path, source = model.config_file(SMOLLM2)
+    assert path.name == "smollm2-135m.json" and "shipped with memsweep" in source
+    assert model.hf_config(SMOLLM2)[0].num_hidden_layers == 30
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError) as err:
+        packaged.folder("nosuch")
+    assert err.value.key == "model.name" and "smollm2-135m" in str(err.value)
+
+
+@pytest.mark.slow  # builds the folder on a machine's first use (about a minute), then loads 538 MB
+def test_smollm2_is_built_from_its_package_into_a_plain_pretrained_decoder():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = model.load_model(SMOLLM2, num_labels=2, load_kwargs={"dtype": torch.float32}, auto_class=AutoModelForCausalLM)
+    assert packaged.folder("smollm2-135m", build=False) is not None  # built once, kept in the cache
+    assert type(m).__name__ == "LlamaForCausalLM" and getattr(m.config, "quantization_config", None) is None
+    assert sum(p.numel() for p in m.parameters()) == 134_515_008  # the GGUF file's tensors, head tied
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    tokenizer = model.load_tokenizer(SMOLLM2)
+    assert len(tokenizer) == m.config.vocab_size == 49152 and tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False)
+    assert chat.startswith("<|im_start|>system\n") and "<|im_start|>user\nHello<|im_end|>" in chat
+    # pretrained: English prose is far likelier than under uniform logits (loss ln 49152 = 10.8)
+    batch = tokenizer("The weather was lovely today, so we walked to the park and had a picnic by the lake.",
+                      return_tensors="pt")
+    with torch.no_grad():
+        loss = m(**batch, labels=batch["input_ids"]).loss.item()
+    assert loss < 4.5, loss

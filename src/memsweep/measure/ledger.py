@@ -112,6 +112,15 @@ def optimizer_state_bytes(optimizer) -> int:
     return total
 
 
+def peak_learning_rate(optimizer) -> Optional[float]:
+    """The learning rate the optimizer was given: its schedule's start (`initial_lr`, set by the scheduler)
+    or, without a scheduler, its current one."""
+    groups = getattr(inner_optimizer(optimizer), "param_groups", None)
+    if not groups:
+        return None
+    return float(groups[0].get("initial_lr", groups[0]["lr"]))
+
+
 def optimizer_kernel(optimizer) -> Optional[str]:
     """Which of torch's implementations the optimizer steps with: fused, foreach or for-loop (the
     single-tensor loop); None for optimizers outside torch.optim (bitsandbytes, Adafactor, DeepSpeed)."""
@@ -289,6 +298,7 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "optimizer_kernel": optimizer_kernel(optimizer) if optimizer is not None else None,
         "optimizer_state_bytes": optimizer_state_bytes(optimizer) if optimizer is not None else None,
+        "learning_rate": peak_learning_rate(optimizer) if optimizer is not None else None,
         "trainable_params": trainable,
         "total_params": total,
         "frozen_params": sum(p.numel() for p in params if not p.requires_grad),

@@ -104,7 +104,7 @@ class PhaseProgress(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.loss = None
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and not args.eval_on_start:  # else once that evaluation is done
             self._start("train", state.max_steps)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -141,4 +141,7 @@ class PhaseProgress(TrainerCallback):
     def on_predict(self, args, state, control, **kwargs):
         self.close()
 
-    on_evaluate = on_predict
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.close()
+        if args.eval_on_start and state.global_step == 0 and state.is_world_process_zero:  # training starts now
+            self._start("train", state.max_steps)

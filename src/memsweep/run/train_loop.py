@@ -22,7 +22,7 @@ from . import model as model_mod
 from . import procenv, task
 from .plan import Plan, build_plan
 from .results import Result
-from .trainer import DivergenceCallback, MemsweepTrainer, StopCallback, WandbLogCallback
+from .trainer import BeforeTraining, DivergenceCallback, MemsweepTrainer, StopCallback, WandbLogCallback
 
 
 def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, nproc: int, epochs: float,
@@ -41,6 +41,7 @@ def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArgume
         report_to="none",  # memsweep logs to W&B itself, one run per job
         save_strategy="no",
         eval_strategy="no",
+        eval_on_start=task.evaluates_before(job.task),  # the quality before training (task.py)
         logging_strategy="steps",
         logging_steps=10,
         logging_nan_inf_filter=False,  # a NaN loss must show, so the job is stopped as diverged
@@ -66,6 +67,7 @@ class Built:
     data: data_mod.TextData
     ledger: LedgerCallback
     divergence: DivergenceCallback
+    before: BeforeTraining
     step_timer: StepTimer
     progress: progress.PhaseProgress
 
@@ -95,23 +97,24 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
                             plan.nproc, job.epochs, job.max_steps)
     ledger_step = min(job.measure.warmup_steps + 1, steps)
     ledger = LedgerCallback(step=ledger_step, seq_len=job.max_seq_len, enabled=job.measure.ledger)
-    divergence = DivergenceCallback()
+    divergence, before = DivergenceCallback(), BeforeTraining()
     # The ledger step is padded to max_seq_len and traced: not a representative step time.
     step_timer = StepTimer(skip_steps=(ledger_step,) if job.measure.ledger else ())
     trainer = MemsweepTrainer(
         model=model,
         args=training_arguments(job, plan, job_dir / "trainer"),
         train_dataset=data.train,
+        eval_dataset=data.eval if task.evaluates_before(job.task) else None,
         processing_class=tokenizer,
         data_collator=task.collator(job.task, tokenizer, job.data.pad_to_multiple_of),
-        callbacks=[ledger, divergence, StopCallback(), WandbLogCallback(run), step_timer, display],
+        callbacks=[ledger, divergence, before, StopCallback(), WandbLogCallback(run), step_timer, display],
         plan=plan,
         pad_to=job.max_seq_len,
         pad_measured_step=ledger_step if job.measure.ledger else -1,
     )
     for stock in (PrinterCallback, ProgressCallback):  # `display` replaces them: both would say the same
         trainer.remove_callback(stock)
-    return Built(trainer, data, ledger, divergence, step_timer, display)
+    return Built(trainer, data, ledger, divergence, before, step_timer, display)
 
 
 def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: Result, run) -> None:
@@ -166,11 +169,16 @@ def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: R
 def record_training(built: Built, out, profile: HardwareConf, res: Result) -> None:
     """What training measured: loss, time, throughput, tokens, and the memory ledger of its step."""
     trainer = built.trainer
-    train_s = out.metrics["train_runtime"]
+    runtime, before = out.metrics["train_runtime"], built.before.metrics
+    if before:  # Trainer's train time includes the evaluation before the first step
+        res.metrics.update(task.before_metrics(float(before["eval_loss"])))
+        res.time.update(eval_before_s=round(before["eval_runtime"], 3))
+    train_s = runtime - (res.time.eval_before_s or 0.0)
     tokens = trainer.tokens_seen()
     res.data["train_tokens_seen"] = tokens  # non-padding: which examples were trained on, in total
     res.metrics.train_loss = float(out.training_loss)
-    res.time.update(train_s=round(train_s, 3), samples_per_s=out.metrics["train_samples_per_second"],
+    res.time.update(train_s=round(train_s, 3),
+                    samples_per_s=round(out.metrics["train_samples_per_second"] * runtime / train_s, 3),
                     tokens_per_s=round(tokens / train_s, 1) if train_s else None,
                     optimizer_steps=trainer.state.global_step)
     ledger = measured_ledger(built)

@@ -16,6 +16,7 @@
   workers ignore SIGINT/SIGTERM, which would otherwise kill them and fail the job first.
 """
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -202,6 +203,34 @@ class StopCallback(TrainerCallback):
         if stopping.requested() is not None:
             self.stopped_at = state.global_step
             control.should_training_stop = True
+
+
+class BeforeTraining(TrainerCallback):
+    """The evaluation Trainer runs before the first step (eval_on_start: after the model and optimizer are
+    prepared, so it works under DeepSpeed and FSDP too): its metrics, and 4-bit weights made trainable again."""
+
+    def __init__(self):
+        self.metrics = None
+
+    def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
+        if state.global_step == 0 and self.metrics is None:
+            self.metrics = dict(metrics or {})
+            unpack_4bit_for_training(model)
+
+
+def unpack_4bit_for_training(model) -> None:
+    """An eval-mode forward on a CPU with AVX512-BF16 repacks bitsandbytes' 4-bit weights for its inference
+    kernel, a layout its training path cannot use: put them back, as bitsandbytes' own save path does (a round
+    trip that is not bit-exact: the packed layout keeps the block scales in lower precision)."""
+    if model is None or "bitsandbytes" not in sys.modules:
+        return
+    from bitsandbytes.nn.modules import Linear4bit, _convert_weight_packed_for_cpu_inverse
+
+    for module in model.modules():
+        state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if isinstance(module, Linear4bit) and getattr(state, "packing_format_for_cpu", False):
+            module.weight.data, module.weight.quant_state = _convert_weight_packed_for_cpu_inverse(
+                module.weight.data, state)
 
 
 class WandbLogCallback(TrainerCallback):

@@ -3,7 +3,8 @@
 Writes into the sweep dir:
   summary.csv    one row per job, every results field flattened (plus the comparison to the baseline)
   summary.md     the human table: the overrides that vary, status, peak memory and its breakdown,
-                 Δ memory and speed-up against the baseline, train time, samples/s, F1
+                 Δ memory and speed-up against the baseline, train time, samples/s, F1 or perplexity
+                 (before and after training), and the learning rate where the jobs used different ones
   memory.png     stacked bars per job: params / grads / optimizer / activations / other at the peak
   tradeoff.png   peak memory against train time, each point labelled with its F1
 
@@ -107,7 +108,10 @@ def human_table(jobs: list[SweepJob], baseline: SweepJob, varying: list[str]) ->
         row["speedup"] = base_train / train_s if train_s and base_train else None
         row.update(train_s=train_s, samples_per_s=job.get("time.samples_per_s") if job.ok else None,
                    f1=job.get("metrics.f1") if job.ok else None,
-                   perplexity=job.get("metrics.perplexity") if job.ok else None, reason=job.reason)
+                   perplexity_before=job.get("metrics.perplexity_before") if job.ok else None,
+                   perplexity=job.get("metrics.perplexity") if job.ok else None,
+                   lr=job.get("effective.learning_rate") if job.ok else None,
+                   lr_source=job.get("lr_source") if job.res else None, reason=job.reason)
         advice = job.get("shape_advice") if job.res else None
         row["tensor_core_shapes"] = shapes.cell(advice) if advice else None
         emulated = job.get("effective.emulated_precision") if job.res else None
@@ -147,8 +151,12 @@ def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJ
     # quality: macro-F1 for classification, perplexity for causal_lm (a sweep may hold both)
     if t["f1"].notna().any() or t["perplexity"].isna().all():
         shown["F1"] = [_fmt(v, ".3f") for v in t["f1"]]
+    if t["perplexity_before"].notna().any():  # the pretrained model's, on the same eval split
+        shown["perplexity before"] = [_fmt(v, ".2f") for v in t["perplexity_before"]]
     if t["perplexity"].notna().any():
         shown["perplexity"] = [_fmt(v, ".2f") for v in t["perplexity"]]
+    if t["lr"].nunique() > 1:  # quality compares rows trained at different learning rates: say so
+        shown["lr"] = [_fmt(v, ".3g") for v in t["lr"]]
     advices = [j.get("shape_advice") if j.res else None for j in jobs]
     if any(advices):  # a GPU profile with a tensor-core rule
         shown["not a tensor-core multiple"] = [v or "–" for v in t["tensor_core_shapes"]]
@@ -172,8 +180,19 @@ def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJ
         lines += [f"- job {j.num} (`{' '.join(j.overrides) or 'default'}`): **{j.status}** — {j.reason}"
                   for j in not_ok]
         lines.append("")
-    lines += [f"- {n}" for n in notes + shapes.table_notes(advices)]
+    lines += [f"- {n}" for n in notes + lr_notes(summary_table) + shapes.table_notes(advices)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def lr_notes(t: pd.DataFrame) -> list[str]:
+    """When the jobs trained at different learning rates, each one and where it came from."""
+    ran = t[t["lr"].notna()]
+    if ran["lr"].nunique() < 2:
+        return []
+    sources = [f"{lr:.3g} (jobs {', '.join(str(j) for j in group['job'])}): "
+               + " / ".join(dict.fromkeys(str(x) for x in group["lr_source"] if x) or ["not recorded"])
+               for lr, group in ran.groupby("lr", sort=True)]
+    return ["the jobs used different learning rates (column lr), each from its stated source: " + "; ".join(sources)]
 
 
 def flat_table(jobs: list[SweepJob], human: pd.DataFrame) -> pd.DataFrame:
