@@ -6,7 +6,6 @@ Signals are sent as a terminal and a cluster send them: to the process group of 
 session of its own (a shell's background job ignores SIGINT, so it would prove nothing), or, in this
 process, to itself from inside the phase being tested.
 """
-import json
 import os
 import signal
 import subprocess

@@ -131,9 +131,9 @@ def _counts(jobs: list[SweepJob]) -> str:
     return ", ".join(f"{statuses.count(s)} {s}" for s in (*STATUSES, "missing") if s in statuses)
 
 
-def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJob, varying: list[str],
-             common: list[str], notes: list[str]) -> str:
-    t = summary_table
+def shown_columns(t: pd.DataFrame, baseline: SweepJob, varying: list[str], shapes_advised: bool) -> pd.DataFrame:
+    """The summary table's columns as summary.md shows them: what varies, the status, memory and its
+    breakdown, predicted vs measured, speed, quality, and the columns only some sweeps need."""
     shown = pd.DataFrame({"#": t["job"]})
     for key in varying or ["overrides"]:
         shown[key] = t[key]
@@ -157,12 +157,17 @@ def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJ
         shown["perplexity"] = [_fmt(v, ".2f") for v in t["perplexity"]]
     if t["lr"].nunique() > 1:  # quality compares rows trained at different learning rates: say so
         shown["lr"] = [_fmt(v, ".3g") for v in t["lr"]]
-    advices = [j.get("shape_advice") if j.res else None for j in jobs]
-    if any(advices):  # a GPU profile with a tensor-core rule
+    if shapes_advised:  # a GPU profile with a tensor-core rule
         shown["not a tensor-core multiple"] = [v or "–" for v in t["tensor_core_shapes"]]
     if t["time_note"].notna().any():  # a precision this machine only emulates: its speed says nothing
         shown["time"] = [v if isinstance(v, str) else "–" for v in t["time_note"]]
+    return shown
 
+
+def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJob, varying: list[str],
+             common: list[str], notes: list[str]) -> str:
+    advices = [j.get("shape_advice") if j.res else None for j in jobs]
+    shown = shown_columns(summary_table, baseline, varying, any(advices))
     lines = [f"# Sweep summary: {len(jobs)} jobs ({_counts(jobs)})", ""]
     if common:
         lines += [f"Common to every job: `{' '.join(common)}`", ""]
