@@ -262,6 +262,7 @@ def test_hub_code_loads_a_decoder_from_a_local_folder(tmp_path):
     tiny = ModelConf(source=ModelSource.tiny, architecture="llama", hidden_size=32, num_layers=2, num_heads=4,
                      num_kv_heads=2, intermediate_size=64, overrides={"bos_token_id": 101, "eos_token_id": 102})
     saved = model.load_model(tiny, 2, {}, AutoModelForCausalLM)
+    saved.config.pad_token_id = None  # as a real decoder's config.json: no pad token
     saved.save_pretrained(folder)
     tokenizer = model.load_tokenizer(ModelConf())
     tokenizer.eos_token, tokenizer.pad_token = "[SEP]", None  # as a real decoder's tokenizer: no pad token

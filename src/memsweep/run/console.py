@@ -10,8 +10,8 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-# The packages whose records are meant for the person running the job.
-SHOWN = ("memsweep", "hydra", "hydra_plugins", "optuna", "__main__")
+# The packages whose records are meant for the person running the job (submitit's: a job started, requeued).
+SHOWN = ("memsweep", "hydra", "hydra_plugins", "optuna", "submitit", "__main__")
 
 
 class ConsoleFilter(logging.Filter):
