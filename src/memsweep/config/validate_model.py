@@ -164,9 +164,11 @@ def _tokenizer(job: Config, config, source: str) -> None:
     """The vocabulary holds every token the tokenizer emits; an estimate asks only a tokenizer on disk."""
     from ..run import hub, model
 
+    from ..run import task
+
     cfg = job.model
-    if job.mode == Mode.estimate and not _local_tokenizer(cfg):
-        return
+    if task.images(job.task) or (job.mode == Mode.estimate and not _local_tokenizer(cfg)):
+        return  # images have no tokenizer
     if cfg.tokenizer and not Path(cfg.tokenizer).expanduser().exists():
         hub.require_reachable("model.tokenizer", cfg.tokenizer)
     with naming("model.tokenizer" if cfg.tokenizer else "model.path", "a tokenizer folder or hub id"):
