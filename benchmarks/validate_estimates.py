@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from decoder_rows import TABLES as DECODER_TABLES  # noqa: E402
 from decoder_rows import NotModelled  # noqa: E402
+from vision_rows import TABLES as VISION_TABLES  # noqa: E402
 PUBLISHED = ROOT / "benchmarks" / "published"
 TOLERANCE_PCT = 10.0
 GIB = 2**30
@@ -54,10 +55,6 @@ def bert_large_rtx3090(row: dict[str, Any], common: dict[str, Any]) -> list[str]
             f"max_seq_len={row['seq_len']}", "precision=fp32", "optim=adamw_torch", "attention=eager"]
 
 
-def vision(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
-    raise NotModelled("a vision transformer: memsweep builds text models")
-
-
 def several_gpus(row: dict[str, Any], common: dict[str, Any]) -> tuple[list[str], str]:
     if "bigbird" in str(row["model"]):
         raise NotModelled("BigBird-RoBERTa (block-sparse attention): no shipped config, and the sequence length is "
@@ -79,10 +76,7 @@ TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], list[str]]] = {
     "rasbt_distilbert_imdb_precision": distilbert_precision_ladder,
     "mscherrmann_bert_large_rtx3090": bert_large_rtx3090,
     "rasbt_distilbert_bigbird_imdb_4gpu": several_gpus,
-    "rasbt_vit_l16_cifar10_memory_ladder": vision,
-    "torchao_low_bit_adamw_vit_h": vision,
-    "torchao_cpu_offload_vit_giant": vision,
-    "torchao_cpu_offload_vit_giant_ablation": vision,
+    **VISION_TABLES,  # vision_rows.py
     **DECODER_TABLES,  # decoder_rows.py
 }
 

@@ -93,3 +93,18 @@ def test_the_bert_large_row_is_predicted_on_its_counter(capsys):
     assert row["published GiB"] == pytest.approx(10562.79 / 1024)
     expected = 100 * (row["predicted GiB"] - row["published GiB"]) / row["published GiB"]
     assert row["error %"] == pytest.approx(expected) and abs(row["error %"]) <= ve.TOLERANCE_PCT
+
+
+def test_the_vision_rows_are_vit_jobs_or_say_why_not():
+    rows, common = published_rows("rasbt_vit_l16_cifar10_memory_ladder")
+    overrides, caveat = ve.job_for("rasbt_vit_l16_cifar10_memory_ladder", rows["05 bf16, micro-batch 4 x accumulation 4"],
+                                   common)
+    assert {"task=image_classification", "model=vit-l16", "batch_size=16", "accumulation.steps=4",
+            "precision=bf16_true", "optim=adamw_torch"} <= set(overrides) and "torchvision vit_l_16" in caveat
+    fsdp, _ = ve.job_for("rasbt_vit_l16_cifar10_memory_ladder", rows["09 FSDP + CPU offload, 4 GPUs, fp32, "
+                                                                     "activation checkpointing"], common)
+    assert {"distributed.nproc=4", "fsdp=full_shard_offload", "checkpointing=full", "batch_size=256"} <= set(fsdp)
+    rows, common = published_rows("torchao_low_bit_adamw_vit_h")
+    assert "optim=adamw_8bit" in ve.job_for("torchao_low_bit_adamw_vit_h", rows["bnb 8-bit"], common)[0]
+    with pytest.raises(ve.NotModelled, match="no torchao or lpmm"):
+        ve.job_for("torchao_low_bit_adamw_vit_h", rows["ao 4-bit"], common)

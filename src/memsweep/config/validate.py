@@ -177,6 +177,14 @@ def data(job: Config) -> None:
     and classes (an error of the reader itself is bad input about the data)."""
     from ..run import data as text, task
 
+    if _images_mismatch(job) is not None:
+        raise ConfigError("data", _images_mismatch(job))
+    if task.images(job.task):
+        from ..run import images
+
+        with naming("data", "the digits' sizes"):
+            images.split(job.data, job.seed, strict_sizes=True)
+        return
     labelled = task.labelled(job.task)
     with naming("data", "a readable .csv, .jsonl or .json file, or hub dataset, with the named columns"):
         train, evaluation, names = text.load_frames(job.data, job.seed, strict_sizes=True, labelled=labelled)
@@ -185,3 +193,18 @@ def data(job: Config) -> None:
         if len(present) < 2:
             raise ConfigError("data.label_column", f"the {split} split holds examples of {present} only; "
                                                    f"classification needs at least 2 of the classes {names} in both splits")
+
+
+def _images_mismatch(job: Config):
+    """Why the data cannot feed the task (images to an image task, text to a text task), or None."""
+    from ..run import task
+    from .schema import DataSource
+
+    reads_images = job.data.source == DataSource.digits
+    if task.images(job.task) and not reads_images:
+        return (f"data={job.data.name} is text, task=image_classification reads images; allowed: data=digits (the "
+                "labelled images that ship with scikit-learn)")
+    if reads_images and not task.images(job.task):
+        return (f"data={job.data.name} is images, task={job.task.name.value} reads text; allowed: "
+                "task=image_classification with data=digits, or a text data set (data=tweets)")
+    return None

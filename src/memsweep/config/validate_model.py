@@ -149,9 +149,12 @@ def _task(job: Config, config) -> None:
 
     why = task.head_refusal(job.task.name, config.model_type, bool(getattr(config, "is_decoder", False)))
     if why is not None:
-        other = [t.value for t in type(job.task.name) if t != job.task.name]
+        decoder = bool(getattr(config, "is_decoder", False))
+        other = [t.value for t in type(job.task.name)
+                 if t != job.task.name and task.head_refusal(t, config.model_type, decoder) is None]
+        here = f"task={', '.join(other)} with this model, or " if other else ""
         raise ConfigError("task", f"{job.task.name.value} cannot run on model={job.model.name}: {why}; allowed: "
-                                  f"task={', '.join(other)} with this model, or model={', '.join(_models_for(job.task.name))}")
+                                  f"{here}model={', '.join(_models_for(job.task.name))}")
 
 
 def _local_tokenizer(cfg: ModelConf) -> bool:
@@ -161,10 +164,15 @@ def _local_tokenizer(cfg: ModelConf) -> bool:
 
 
 def _tokenizer(job: Config, config, source: str) -> None:
-    """The vocabulary holds every token the tokenizer emits; an estimate asks only a tokenizer on disk."""
-    from ..run import hub, model
+    """The vocabulary holds every token the tokenizer emits; an estimate asks only a tokenizer on disk. An
+    image model has no tokenizer: training asks that its weights can be reached."""
+    from ..run import hub, model, task
 
     cfg = job.model
+    if task.images(job.task):  # no tokenizer: training reads only the weights
+        if job.mode != Mode.estimate and cfg.source != ModelSource.tiny:
+            model.weights_source(cfg)
+        return
     if job.mode == Mode.estimate and not _local_tokenizer(cfg):
         return
     if cfg.tokenizer and not Path(cfg.tokenizer).expanduser().exists():

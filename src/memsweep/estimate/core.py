@@ -86,7 +86,8 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         trace={k: v for k, v in traced.items() if k not in ("total_params", "trainable_params")},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
         notes=notes_for(plan, profile, adjusted),
-        shape_advice=shapes.audit(profile, plan.micro_batch_size, config.vocab_size, job.data.pad_to_multiple_of),
+        shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),
+                                 job.data.pad_to_multiple_of),
         seconds=round(time.perf_counter() - started, 2), **device)
 
 

@@ -112,13 +112,23 @@ def bitsandbytes_optimizer(cls, groups, kwargs, model):
 
 def fake_batch(model, micro_batch: int, seq_len: int, task: str) -> dict[str, torch.Tensor]:
     """A collated batch of seq_len tokens, as the ledger step gets (values do not matter on fake tensors):
-    a label per sequence (classification) or per token (causal_lm)."""
+    a label per sequence (classification) or per token (causal_lm); for an image task, images of the model's
+    size and a label per image (seq_len does not apply: the model's patch grid is its sequence)."""
+    if task == "image_classification":
+        return image_batch(model.config, micro_batch)
     ids = torch.zeros(micro_batch, seq_len, dtype=torch.long)
     labels = torch.zeros_like(ids) if task == "causal_lm" else torch.zeros(micro_batch, dtype=torch.long)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
     if task != "causal_lm" and getattr(model.config, "type_vocab_size", 0):  # BERT tokenizers return token types, DistilBERT's none
         batch["token_type_ids"] = torch.zeros_like(ids)
     return batch
+
+
+def image_batch(config, micro_batch: int) -> dict[str, torch.Tensor]:
+    """A batch of fp32 images at the model's input size (run/images.py makes them so) and their labels."""
+    size = config.image_size if isinstance(config.image_size, (list, tuple)) else (config.image_size,) * 2
+    pixels = torch.zeros(micro_batch, getattr(config, "num_channels", 3), *size)
+    return {"pixel_values": pixels, "labels": torch.zeros(micro_batch, dtype=torch.long)}
 
 
 def training_step(model, optimizer, batches, plan, around_micro_batches=contextlib.nullcontext, marks=NoMarks(),

@@ -52,8 +52,11 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, *([optimizer] if optimizer else []))
         forward = [lambda: fake.save_on_host(recorder)] if adjustment and adjustment.save_on_host else None
+        # On a CPU the collated batch is the tensor the model reads, made before the step begins (outside
+        # the real ledger); a GPU job copies it to the device inside the step.
+        early = measured_batches(job, plan, model) if profile.device != "cuda" else None
         with tracker, recorder:
-            training_step(model, optimizer, measured_batches(job, plan, model), plan, marks=recorder,
+            training_step(model, optimizer, early or measured_batches(job, plan, model), plan, marks=recorder,
                           forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
                    "flops_per_step": flops * plan.accumulation_steps,

@@ -14,7 +14,7 @@ ADVICE = ("pad the vocabulary (resize_token_embeddings(pad_to_multiple_of={m})) 
           "so matmuls use tensor cores")
 
 
-def flags(multiple: int, micro_batch: int, vocab_size: int, pad_to_multiple_of: Optional[int]) -> dict[str, str]:
+def flags(multiple: int, micro_batch: int, vocab_size: Optional[int], pad_to_multiple_of: Optional[int]) -> dict[str, str]:
     """{what: why} for each shape that is not a multiple of `multiple` (empty when all are, or no rule)."""
     if multiple <= 0:
         return {}
@@ -27,12 +27,12 @@ def flags(multiple: int, micro_batch: int, vocab_size: int, pad_to_multiple_of: 
     elif pad_to_multiple_of % multiple:
         found["sequence length"] = (f"sequence length: data.pad_to_multiple_of={pad_to_multiple_of} is not a "
                                     f"multiple of {multiple}")
-    if vocab_size % multiple:
+    if vocab_size is not None and vocab_size % multiple:  # an image model has no vocabulary
         found["vocabulary"] = f"vocabulary size {vocab_size} is not a multiple of {multiple}"
     return found
 
 
-def audit(profile, micro_batch: int, vocab_size: int, pad_to_multiple_of: Optional[int]) -> Optional[dict[str, Any]]:
+def audit(profile, micro_batch: int, vocab_size: Optional[int], pad_to_multiple_of: Optional[int]) -> Optional[dict[str, Any]]:
     """results.json `shape_advice`: None when the profile has no tensor-core rule (a CPU)."""
     multiple = profile.tensor_core_multiple
     if multiple <= 0:

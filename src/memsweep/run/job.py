@@ -219,8 +219,8 @@ def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
             error = predicted["estimate_error_pct"]
             lines.append(f"  predicted peak {_mib(predicted['estimate_peak_bytes'])} ({predicted['estimate_method']})"
                          + ("" if error is None else f", {error:+.1f} % vs measured"))
-        lines.append(f"  train {t.train_s:.1f} s, {t.samples_per_s:.1f} samples/s, "
-                     f"{t.tokens_per_s:.0f} tokens/s; total {t.total_s:.1f} s")
+        tokens = f"{t.tokens_per_s:.0f} tokens/s; " if t.tokens_per_s else ""  # images count no tokens
+        lines.append(f"  train {t.train_s:.1f} s, {t.samples_per_s:.1f} samples/s, {tokens}total {t.total_s:.1f} s")
     lines += shapes.lines(res.shape_advice) if advice else []
     lines.append(f"  results: {job_dir / results.RESULTS_FILE}")
     print("\n".join(lines), flush=True)

@@ -1,4 +1,5 @@
-"""task: classification | causal_lm — the head put on the model, what a batch carries, and the quality metric.
+"""task: classification | causal_lm | image_classification — the head put on the model, what a batch carries,
+and the quality metric.
 
 - classification: `AutoModelForSequenceClassification` on the label column; quality = macro F1 (and
   accuracy) of the eval split's predictions. On a decoder the head reads the last non-pad token.
@@ -7,6 +8,9 @@
   eval loss is the mean over eval batches of each batch's mean token loss. The same split is evaluated
   before training too (`perplexity_before`): a pretrained decoder already has a perplexity, and what
   fine-tuning did is the difference (a classifier's new head has no F1 worth measuring before).
+- image_classification: `AutoModelForImageClassification` (ViT, DeiT, BEiT, Swin, DINOv2, ...: transformers'
+  own table) on images (`pixel_values`, every one the model's size: no padding, no tokenizer); quality =
+  accuracy (and macro F1) of the eval split's predictions.
 """
 import math
 from typing import Optional
@@ -14,10 +18,12 @@ from typing import Optional
 from ..config.schema import TaskConf, TaskName
 
 # The results.json metric that says how good a job is, and whether higher is better.
-QUALITY = {TaskName.classification: ("f1", True), TaskName.causal_lm: ("perplexity", False)}
+QUALITY = {TaskName.classification: ("f1", True), TaskName.causal_lm: ("perplexity", False),
+           TaskName.image_classification: ("accuracy", True)}
 # Every metric a task's jobs report (results.json `metrics`), and whether higher is better.
 METRICS = {TaskName.classification: {"f1": True, "accuracy": True, "eval_loss": False, "train_loss": False},
-           TaskName.causal_lm: {"perplexity": False, "eval_loss": False, "train_loss": False}}
+           TaskName.causal_lm: {"perplexity": False, "eval_loss": False, "train_loss": False},
+           TaskName.image_classification: {"accuracy": True, "f1": True, "eval_loss": False, "train_loss": False}}
 
 
 def head_refusal(name, model_type: str, is_decoder: bool = False) -> Optional[str]:
@@ -33,24 +39,43 @@ def head_refusal(name, model_type: str, is_decoder: bool = False) -> Optional[st
         if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not is_decoder:
             return f"{model_type!r} is an encoder (a masked-LM model), not a decoder that predicts the next token"
         return None
+    if TaskName(name) == TaskName.image_classification:
+        if model_type not in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+            return f"transformers has no image-classification head for {model_type!r} models"
+        return None
     if model_type not in auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
         return f"transformers has no sequence-classification head for {model_type!r} models"
     return None
 
 
 def auto_class(cfg: TaskConf):
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    import transformers
 
-    return AutoModelForCausalLM if cfg.name == TaskName.causal_lm else AutoModelForSequenceClassification
+    return getattr(transformers, {TaskName.causal_lm: "AutoModelForCausalLM",
+                                  TaskName.image_classification: "AutoModelForImageClassification"}.get(
+        cfg.name, "AutoModelForSequenceClassification"))
 
 
-def peft_task_type(name) -> str:
-    return "CAUSAL_LM" if TaskName(name) == TaskName.causal_lm else "SEQ_CLS"
+def peft_task_type(name) -> Optional[str]:
+    """peft's task type: its wrapper for the head (none for an image classifier, whose batch peft passes on as
+    it is)."""
+    return {TaskName.causal_lm: "CAUSAL_LM", TaskName.classification: "SEQ_CLS"}.get(TaskName(name))
+
+
+def new_head(name) -> bool:
+    """Whether the task puts a new head on the model (a classifier, trained in full under LoRA); a causal LM's
+    head is the model's own vocabulary projection."""
+    return TaskName(name) != TaskName.causal_lm
+
+
+def images(cfg: TaskConf) -> bool:
+    """Whether a batch carries images (`pixel_values`) rather than tokens."""
+    return cfg.name == TaskName.image_classification
 
 
 def labelled(cfg: TaskConf) -> bool:
     """Whether the task reads the label column."""
-    return cfg.name == TaskName.classification
+    return cfg.name in (TaskName.classification, TaskName.image_classification)
 
 
 def num_labels(cfg: TaskConf, labels) -> int:
@@ -61,8 +86,10 @@ def num_labels(cfg: TaskConf, labels) -> int:
 
 
 def collator(cfg: TaskConf, tokenizer, pad_to_multiple_of):
-    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
+    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding, DefaultDataCollator
 
+    if images(cfg):  # every image has the model's size: stacked as they are
+        return DefaultDataCollator()
     if cfg.name == TaskName.causal_lm:
         return DataCollatorForLanguageModeling(tokenizer, mlm=False, pad_to_multiple_of=pad_to_multiple_of)
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)

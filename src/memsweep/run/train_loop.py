@@ -17,7 +17,7 @@ from ..measure.ledger import LedgerCallback, effective, param_bytes
 from ..measure.steptime import StepTimer
 from ..techniques import optim
 from . import data as data_mod
-from . import host_memory
+from . import host_memory, images
 from . import model as model_mod
 from . import procenv, task
 from .plan import Plan, build_plan
@@ -51,7 +51,8 @@ def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArgume
         seed=job.seed,
         data_seed=job.seed,
         use_cpu=plan.device == "cpu",
-        include_num_input_tokens_seen="non_padding",
+        # images have no tokens to count (the samples are counted)
+        include_num_input_tokens_seen="no" if task.images(job.task) else "non_padding",
         # Every trainable parameter takes part in the forward; DDP's search for unused ones costs a
         # graph traversal per step (ignored without DDP).
         ddp_find_unused_parameters=False,
@@ -64,12 +65,20 @@ def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArgume
 class Built:
     """A built job: the trainer and what measures it."""
     trainer: MemsweepTrainer
-    data: data_mod.TextData
+    data: "data_mod.TextData | images.ImageData"
     ledger: LedgerCallback
     divergence: DivergenceCallback
     before: BeforeTraining
     step_timer: StepTimer
     progress: progress.PhaseProgress
+
+
+def load_data(job: Config):
+    """(tokenizer, data): tokenised text, or images at the model's input size (no tokenizer)."""
+    if task.images(job.task):
+        return None, images.load(job.data, job.seed, model_mod.hf_config(job.model)[0])
+    tokenizer = model_mod.load_tokenizer(job.model)
+    return tokenizer, data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len, labelled=task.labelled(job.task))
 
 
 def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
@@ -88,15 +97,16 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     if plan.process_group:
         procenv.enter_group_of_one()  # left again by release(), also when building fails
 
-    tokenizer = model_mod.load_tokenizer(job.model)
-    data = data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len, labelled=task.labelled(job.task))
+    tokenizer, data = load_data(job)
     model = plan.transform(model_mod.load_model(job.model, task.num_labels(job.task, data.label_names),
                                                 plan.load_kwargs, task.auto_class(job.task), tokenizer))
 
     steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
                             plan.nproc, job.epochs, job.max_steps)
     ledger_step = min(job.measure.warmup_steps + 1, steps)
-    ledger = LedgerCallback(step=ledger_step, seq_len=job.max_seq_len, enabled=job.measure.ledger)
+    # the tokens each example is: max_seq_len (the measured step is padded to it), or an image's patches
+    seq_len = images.tokens(model.config) if task.images(job.task) else job.max_seq_len
+    ledger = LedgerCallback(step=ledger_step, seq_len=seq_len, enabled=job.measure.ledger)
     divergence, before = DivergenceCallback(), BeforeTraining()
     # The ledger step is padded to max_seq_len and traced: not a representative step time.
     step_timer = StepTimer(skip_steps=(ledger_step,) if job.measure.ledger else ())
@@ -124,7 +134,8 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
         with stopping.interruptible("while loading the tokenizer, data and model"):
             built = build(job, profile, job_dir, run)
         res.shape_advice = shapes.audit(profile, built.trainer.plan.micro_batch_size,
-                                           built.trainer.model.config.vocab_size, job.data.pad_to_multiple_of)
+                                           getattr(built.trainer.model.config, "vocab_size", None),
+                                        job.data.pad_to_multiple_of)
         model = built.trainer.model
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM

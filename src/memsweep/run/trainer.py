@@ -106,7 +106,7 @@ class MemsweepTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if not self.plan.group_by_length or self.args.world_size > 1:
+        if not self.plan.group_by_length or self.args.world_size > 1 or not _has_tokens(dataset):
             return super()._get_train_sampler(train_dataset)
         lengths = [len(x) for x in dataset["input_ids"]]
         step_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
@@ -114,7 +114,7 @@ class MemsweepTrainer(Trainer):
 
     def _get_eval_sampler(self, eval_dataset):
         # Longest first, in order: predictions and labels stay aligned, and batches carry little padding.
-        if not self.plan.group_by_length or self.args.world_size > 1:
+        if not self.plan.group_by_length or self.args.world_size > 1 or not _has_tokens(eval_dataset):
             return super()._get_eval_sampler(eval_dataset)
         lengths = [len(x) for x in eval_dataset["input_ids"]]
         return sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -156,6 +156,11 @@ class MemsweepTrainer(Trainer):
             pad_id = pad_token_id(self.model.config, self.processing_class)
             batches = [pad_batch(b, self.pad_to, pad_id) for b in batches]
         return batches, num_items
+
+
+def _has_tokens(dataset) -> bool:
+    """Sequences of tokens, whose lengths differ (images are all the model's size: nothing to bucket)."""
+    return "input_ids" in (getattr(dataset, "column_names", None) or ())
 
 
 def _workers_leave_stops_to_the_job(loader):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config.schema import Quantize, is_on
-from ..run.task import peft_task_type
+from ..run.task import new_head, peft_task_type
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,14 @@ def quantization_config(quantize: Quantize, skip_modules: list[str]):
     return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip_modules)
 
 
-def wrap(model, cfg, structure, task_type: str):
+def wrap(model, cfg, structure, task: str):
     from peft import LoraConfig, get_peft_model
 
     targets = cfg.target_modules or list(structure.attention)
     # A causal LM's head is its vocabulary projection (often tied to the input embedding): it stays
     # frozen under LoRA, as peft's CAUSAL_LM task does; a classifier's head is new and is trained.
-    head = [m.split(".")[-1] for m in structure.head] if task_type == "SEQ_CLS" else None
+    head = [m.split(".")[-1] for m in structure.head] if new_head(task) else None
+    task_type = peft_task_type(task)
     config = LoraConfig(task_type=task_type, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                         target_modules=targets if targets == "all-linear" else list(targets), modules_to_save=head)
     return get_peft_model(model, config)
@@ -51,8 +52,7 @@ def apply(cfg, plan) -> None:
     t = traits(cfg)
     if not t.on:
         return
-    structure = plan.structure
-    task_type = peft_task_type(plan.task)
+    structure, task = plan.structure, plan.task
     if t.quantize is not None:
         plan.load_kwargs["quantization_config"] = quantization_config(Quantize(t.quantize), list(structure.quantize_skip))
-    plan.model_transforms.append(lambda model: wrap(model, cfg, structure, task_type))
+    plan.model_transforms.append(lambda model: wrap(model, cfg, structure, task))
