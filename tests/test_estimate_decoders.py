@@ -85,7 +85,9 @@ def test_gpu_profile_kernels():
             common = LAYER_SHAPE + [f"model={model}", "optim=sgd"] + overrides
             gpu, cpu = estimate(common + ["hardware=a100_40gb"]), estimate(common + ["hardware=cpu"])
             assert_recorded_as_the_ledger(gpu, overrides)
-            assert gpu["activations_bytes"] <= cpu["activations_bytes"], (model, overrides)
+            # (a GPU job copies its batch to the device inside the step: input ids, mask and labels, int64)
+            batch = 3 * 4 * 128 * 8
+            assert gpu["activations_bytes"] <= cpu["activations_bytes"] + batch, (model, overrides)
             # the allocator's whole blocks hold at least the tensors, and cuBLAS's workspace besides
             assert gpu["peak_allocated_bytes"] >= gpu["peak_bytes"] + 8_519_680
 

@@ -47,6 +47,7 @@ class Recorder(TorchDispatchMode):
         # for: a library workspace), or (category, either) pairs
         self.seed = [t if isinstance(t, tuple) else ("params", t) for t in tensors]
         self.seen = WeakIdKeyDictionary()  # storage -> [its block's key, or None]; holds no storage alive
+        self.early = WeakIdKeyDictionary()  # storages made before the step: see `outside`
         self.finalizers: list[weakref.finalize] = []
         self.keys = itertools.count()
         self.categories: dict = {}  # block key -> category
@@ -76,6 +77,13 @@ class Recorder(TorchDispatchMode):
         for f in self.finalizers:
             f.detach()
         return super().__exit__(*exc)
+
+    def outside(self, tensors) -> None:
+        """Tensors made before the step (a CPU job's collated batch): not a block when an op reads them,
+        as MemTracker does not count them then; a block once an op returns a view of them, as it does."""
+        for t in tree_flatten(tensors)[0]:
+            if isinstance(t, torch.Tensor):
+                self.early[t.untyped_storage()] = True
 
     def see(self, t, category=None) -> None:
         # a wrapper subclass (FSDP's DTensor) holds no memory of its own: its inner tensors do, and
@@ -128,7 +136,8 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         for t in tree_flatten((args, kwargs))[0]:  # made before recording and not given to __init__
-            self.see(t)
+            if not (isinstance(t, torch.Tensor) and t.untyped_storage() in self.early):
+                self.see(t)
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
             self.see(t)

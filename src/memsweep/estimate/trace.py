@@ -55,6 +55,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         # On a CPU the collated batch is the tensor the model reads, made before the step begins (outside
         # the real ledger); a GPU job copies it to the device inside the step.
         early = measured_batches(job, plan, model) if profile.device != "cuda" else None
+        recorder.outside(early or [])
         with tracker, recorder:
             training_step(model, optimizer, early or measured_batches(job, plan, model), plan, marks=recorder,
                           forward_contexts=forward)
