@@ -18,13 +18,15 @@ allocator frees under memory pressure (a failed cudaMalloc releases cached unspl
 retries: here memory is unlimited, so the peak reserved is what the job reserves on a GPU with room
 to spare); other streams and their events; CUDA graph pools; garbage_collection_threshold;
 roundup_power2_divisions; the cudaMallocAsync backend. cudaMalloc's addresses are not known: new
-segments are placed at increasing addresses, which only breaks ties between free blocks of one size.
+segments are placed at increasing addresses, which only breaks ties between free blocks of one size
+(a recorded snapshot's own addresses can be given instead, and the segments it started with seeded:
+tests/test_allocator_snapshots.py replays public snapshots to their reserved bytes and addresses).
 """
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 MIB = 2**20
 
@@ -136,8 +138,9 @@ class Reading:
 
 
 class CachingAllocator:
-    def __init__(self, options: Options = Options()):
+    def __init__(self, options: Options = Options(), addresses: Optional[Iterator[int]] = None):
         self.options = options
+        self.addresses = addresses  # where each new cudaMalloc lands, when known (a recorded snapshot's)
         self.max_split = options.max_split_size if options.max_split_size is not None else float("inf")
         self.pools = {True: Pool(small=True), False: Pool(small=False)}
         self.live: dict = {}  # key -> its Block
@@ -174,6 +177,29 @@ class CachingAllocator:
             if neighbour is not None and not neighbour.allocated:
                 self._merge(pool, block, neighbour)
         pool.insert(block)
+
+    def seed(self, segments: Iterable[tuple]) -> None:
+        """Segments that exist before the events start (a snapshot recorded part-way through a run), each
+        (base, size, small, blocks): its blocks (addr, size, key) in address order, covering it; a block
+        with a key is allocated (and freed later by that key), one with None is cached. Neighbouring
+        cached blocks are one block: free_block merges them."""
+        for base, size, small, blocks in segments:
+            segment, prev = Segment(small, base, size), None
+            for addr, nbytes, key in blocks:
+                block = Block(addr, nbytes, segment, allocated=key is not None, prev=prev)
+                if prev is not None:
+                    prev.next = block
+                if key is None:
+                    self.pools[small].insert(block)
+                else:
+                    self.live[key] = block
+                    self.allocated += nbytes
+                prev = block
+            segment.last = prev
+            self.next_addr = max(self.next_addr, base + size)
+            self.segments += 1
+            self._reserve(size)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     def reset_peak(self) -> None:
         """resetPeakStats (torch.cuda.reset_peak_memory_stats): peaks start again from the current values."""
@@ -217,9 +243,10 @@ class CachingAllocator:
             return self._expand(pool, size)
         # alloc_block: one cudaMalloc of get_allocation_size, a segment of its own
         nbytes = allocation_size(size)
-        segment = Segment(pool.small, self.next_addr, nbytes)
-        block = segment.last = Block(self.next_addr, nbytes, segment)
-        self.next_addr += nbytes
+        base = next(self.addresses) if self.addresses is not None else self.next_addr
+        segment = Segment(pool.small, base, nbytes)
+        block = segment.last = Block(base, nbytes, segment)
+        self.next_addr = max(self.next_addr, base + nbytes)
         self.segments += 1
         self._reserve(nbytes)
         return block
