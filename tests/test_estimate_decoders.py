@@ -86,8 +86,8 @@ def test_gpu_profile_kernels():
             gpu, cpu = estimate(common + ["hardware=a100_40gb"]), estimate(common + ["hardware=cpu"])
             assert_recorded_as_the_ledger(gpu, overrides)
             assert gpu["activations_bytes"] <= cpu["activations_bytes"], (model, overrides)
-            # the allocator's whole blocks hold at least the tensors, and cuBLAS's workspace besides
-            assert gpu["peak_allocated_bytes"] >= gpu["peak_bytes"] + 8_519_680
+            # the allocator's whole blocks hold at least the tensors, and cuBLAS's two workspaces besides
+            assert gpu["peak_allocated_bytes"] >= gpu["peak_bytes"] + 2 * 8_519_680
 
 
 def test_classification_on_a_decoder():
