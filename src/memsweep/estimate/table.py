@@ -127,8 +127,8 @@ def pivot_table(jobs: list[sweepdir.SweepJob], by: str) -> str:
     frame = pd.DataFrame(list(rows.values())).reindex(columns=order).fillna("-")
     common = sweepdir.varying(jobs)[1]
     notes = [f"every row: {' '.join(common)}" if common else "",
-             "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved + the CUDA "
-             "context); margin = capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower "
+             "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved on the safe "
+             "side of packing + the CUDA context); margin = capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower "
              "bound",
              *(f"[{n}] {why}" for why, n in reasons.items())]
     return "\n".join([frame.to_markdown(index=False, disable_numparse=True), ""]
