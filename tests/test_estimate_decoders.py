@@ -88,8 +88,8 @@ def test_gpu_profile_kernels():
             # (a GPU job copies its batch to the device inside the step: input ids, mask and labels, int64)
             batch = 3 * 4 * 128 * 8
             assert gpu["activations_bytes"] <= cpu["activations_bytes"] + batch, (model, overrides)
-            # the allocator's whole blocks hold at least the tensors, and cuBLAS's workspace besides
-            assert gpu["peak_allocated_bytes"] >= gpu["peak_bytes"] + 8_519_680
+            # the allocator's whole blocks hold at least the tensors, and cuBLAS's two workspaces besides
+            assert gpu["peak_allocated_bytes"] >= gpu["peak_bytes"] + 2 * 8_519_680
 
 
 def test_classification_on_a_decoder():

@@ -8,8 +8,10 @@ object alive for as long as the storage lives (PyTorch preserves it), which is a
 sees frees: the two count the same storages. Storages made before recording (the weights) are
 recorded when the Recorder is entered with them, or else when an op first reads them.
 
-Not seen by the dispatch mode, so added by hand: cuBLAS's workspace, which PyTorch allocates through
-the caching allocator at the first matmul and keeps (cublas_workspace_bytes), and Storage.resize_,
+Not seen by the dispatch mode, so added by hand: cuBLAS's workspaces, which PyTorch allocates through
+the caching allocator at a handle's first matmul and keeps (cublas_workspace_bytes): one for the
+training thread and one for the autograd engine's device thread, which runs backward with a cuBLAS
+handle of its own (CUDA_WORKSPACES_PER_STEP), and Storage.resize_,
 with which FSDP frees and re-allocates its unsharded parameters in place (patched while recording, as
 MemTracker does: a resize frees the storage's block and allocates one of the new size). Not seen at
 all: the CUDA context (the profile's overhead) and cuDNN's own workspaces.
@@ -22,6 +24,7 @@ So the events can be adjusted by category (adjust.py) and read as the ledger rea
 (`tensor_reading`: the same storages MemTracker counts) or as the GPU's allocator sees them.
 """
 import itertools
+import math
 import os
 import re
 import weakref
@@ -153,10 +156,20 @@ def cublas_workspace_bytes() -> int:
     return sum(int(kib) * 1024 * int(count) for kib, count in pairs)
 
 
+# CublasHandlePool.cpp hands each thread its own cuBLAS handle (a thread-local pool) and keeps one
+# workspace per (handle, stream) pair (cublas_handle_stream_to_workspace); the autograd engine runs a
+# GPU's backward on a device thread of its own (torch/csrc/autograd/engine.cpp), so a training step
+# holds two workspaces: the forward's and backward's. A public snapshot of a steady training step
+# (tests/snapshots/wedsonlin_medium_128_training.json) starts with exactly two 8,519,680-byte blocks
+# that the step neither allocates nor frees.
+CUDA_WORKSPACES_PER_STEP = 2
+
+
 def alive_at_step(model, optimizer, workspace: bool = True) -> list[tuple[str, Any]]:
     """What a measured step starts with, by category, in the order it was allocated on a GPU: the weights
     and buffers as model.to("cuda") makes them (Module._apply: children first, then a module's own
-    parameters, then its buffers), cuBLAS's workspace (the first forward's first matmul; `workspace`),
+    parameters, then its buffers), cuBLAS's workspaces (the first forward's and the first backward's first
+    matmul; `workspace`),
     gradients if any are kept, then the optimizer's state (made by the first step). Ints are blocks
     without a tensor."""
     def load_order(module):
@@ -174,7 +187,8 @@ def alive_at_step(model, optimizer, workspace: bool = True) -> list[tuple[str, A
     # bitsandbytes gives every parameter's state the same quantization maps: each tensor once
     state = {id(v): ("optimizer", sharded.local(v)) for s in (optimizer.state.values() if optimizer else ())
              for v in s.values() if isinstance(v, torch.Tensor)}
-    return loaded + ([("workspace", cublas_workspace_bytes())] if workspace else []) + grads + list(state.values())
+    workspaces = [("workspace", cublas_workspace_bytes())] * (CUDA_WORKSPACES_PER_STEP if workspace else 0)
+    return loaded + workspaces + grads + list(state.values())
 
 
 def quantization_state(weight) -> list:
@@ -220,9 +234,48 @@ def tensor_reading(events, categories: dict) -> dict[str, Any]:
             "optimizer_bytes": most["optimizer"]}
 
 
-def allocator_reading(events, conf: str | None = None) -> dict[str, Any]:
-    """The allocator model's peaks for recorded events under `conf` (default: alloc_conf())."""
+# The sizes packing_envelope replays the step's activations at: a fixed ladder of totals, STEPS_PER_OCTAVE
+# rungs to each doubling, over the OCTAVES below the first rung at or above the step's own total. Rungs
+# 2.2 % apart: on tests/test_packing.py's synthetic step, rungs 9 % apart (8 to the octave) passed over a
+# band of sizes where the one-step replay reserves more than anywhere above it, 32 did not.
+STEPS_PER_OCTAVE, OCTAVES = 32, 1
+
+
+def allocator_reading(events, categories: dict | None = None, conf: str | None = None) -> dict[str, Any]:
+    """The allocator model's peaks for recorded events under `conf` (default: alloc_conf()), and with the
+    blocks' categories the upper figure for reserved bytes (packing_envelope)."""
     options = Options.parse(alloc_conf() if conf is None else conf)
     reading = replay(events, options)
+    upper = packing_envelope(events, categories, options) if categories is not None else reading.peak_reserved_bytes
     return {"peak_allocated_bytes": reading.peak_allocated_bytes, "peak_reserved_bytes": reading.peak_reserved_bytes,
-            "segments": reading.segments}
+            "reserved_upper_bytes": max(upper, reading.peak_reserved_bytes), "segments": reading.segments}
+
+
+def packing_envelope(events, categories: dict, options: Options) -> int:
+    """The most the allocator model reserves for this step with its activations (every block allocated
+    as one, all scaled alike) totalling each rung of a fixed ladder, from an octave below the step's own
+    total to the first rung at or above it; the weights, gradients, optimizer state and workspaces as they
+    are.
+
+    Why: what the caching allocator reserves hinges on whether a block freed earlier in the step happens to
+    fit a later request (best fit, splitting only a rest above 1 MiB in the large pool), so it is not smooth
+    in the step's sizes: a step a little smaller can reserve more than a larger one. A run meets smaller
+    steps than its largest (data padded to each batch's longest, a short last batch), and what they reserve
+    stays reserved. The rungs are fixed (powers of 2^(1/32) bytes), not fractions of the step: where the
+    activations grow in proportion to the micro-batch or the sequence, a larger step replays the same
+    scaled steps as a smaller one and more above them (leaving out only rungs an octave down, which
+    reserve the least), so its figure does not fall with the step's size; tests/test_packing.py checks
+    it over a grid of real estimates."""
+    def scaled(fraction: float):
+        for event in events:
+            if event[0] == "alloc" and categories.get(event[1], "activations") == "activations":
+                yield "alloc", event[1], max(1, int(event[2] * fraction))
+            else:
+                yield event
+
+    total = sum(e[2] for e in events if e[0] == "alloc" and categories.get(e[1], "activations") == "activations")
+    if total == 0:
+        return replay(events, options).peak_reserved_bytes
+    top = math.ceil(math.log2(total) * STEPS_PER_OCTAVE)
+    rungs = range(top - STEPS_PER_OCTAVE * OCTAVES, top + 1)
+    return max(replay(scaled(2 ** (k / STEPS_PER_OCTAVE) / total), options).peak_reserved_bytes for k in rungs)

@@ -68,7 +68,8 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
     """The estimate from the traced step: the counters of the profile's device, the fit, time and notes."""
     overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
     device = device_counters(traced, overhead) if profile.device == "cuda" else {}
-    total = device["device_used_bytes"] if device else traced["peak_bytes"]
+    # the safe side of what packing may do: fits, the margin and autofit must not lean low
+    total = device["device_used_upper_bytes"] if device else traced["peak_bytes"]
     capacity = capacity_bytes(profile)
     key = plan.techniques.precision.compute
     tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
@@ -95,11 +96,14 @@ def device_counters(traced: dict[str, Any], context: int) -> dict[str, Any]:
     """The three figures a GPU shows for the step, each predicted as that counter is made: peak allocated
     (torch.cuda.max_memory_allocated: whole allocator blocks), peak reserved (max_memory_reserved: the
     caching allocator's segments, replayed in allocator.py) and device used (nvidia-smi: reserved plus
-    the CUDA context)."""
+    the CUDA context); and reserved and device used on the safe side of packing (capture.packing_envelope:
+    never below the point figures)."""
     allocator = traced["allocator"]
+    upper = max(allocator.get("reserved_upper_bytes", 0), allocator["peak_reserved_bytes"])
     return {"peak_allocated_bytes": allocator["peak_allocated_bytes"],
             "peak_reserved_bytes": allocator["peak_reserved_bytes"],
-            "device_used_bytes": allocator["peak_reserved_bytes"] + context}
+            "device_used_bytes": allocator["peak_reserved_bytes"] + context,
+            "reserved_upper_bytes": upper, "device_used_upper_bytes": upper + context}
 
 
 def notes_for(plan, profile: HardwareConf, adjusted: Optional[str]) -> list[str]:
@@ -122,7 +126,9 @@ def notes_for(plan, profile: HardwareConf, adjusted: Optional[str]) -> list[str]
     if profile.device == "cuda":
         notes.append("CUDA: traced with the GPU's dropout and memory-efficient SDPA kernels on the CPU; reserved "
                      "replays the step's allocations through a model of the caching allocator; device used adds "
-                     "the profile's CUDA context (cuDNN's workspaces are not included)")
+                     "the profile's CUDA context (cuDNN's workspaces are not included); total, fits and the margin "
+                     "use the upper figure for reserved, the most the step reserves with its activations scaled "
+                     "down (packing: a smaller step can reserve more)")
     return notes
 
 

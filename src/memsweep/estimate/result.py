@@ -3,7 +3,8 @@ Result is what a job measured). Written as estimate.json and stored as results.j
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes")
+GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "reserved_upper_bytes",
+                "device_used_upper_bytes")
 
 
 @dataclass
@@ -17,7 +18,7 @@ class Estimate:
     seq_len: int
     peak_bytes: int  # tensor bytes at the peak, as results.json memory.peak_bytes
     overhead_bytes: int  # the profile's CUDA context
-    total_bytes: int  # what must fit the capacity: device used on a GPU, the peak on a CPU
+    total_bytes: int  # what must fit the capacity: device used (its upper figure) on a GPU, the peak on a CPU
     breakdown: dict[str, int]  # the peak by part, and the overhead
     activations_bytes: int  # held for backward when backward starts
     grads_bytes: int
@@ -41,6 +42,9 @@ class Estimate:
     peak_allocated_bytes: Optional[int] = None
     peak_reserved_bytes: Optional[int] = None
     device_used_bytes: Optional[int] = None
+    # The safe side of packing (capture.packing_envelope): what total_bytes, fits and the margin use on a GPU
+    reserved_upper_bytes: Optional[int] = None
+    device_used_upper_bytes: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         """estimate.json: every field; a GPU's counters only on a GPU profile."""

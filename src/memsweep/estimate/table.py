@@ -26,8 +26,11 @@ def shape(est: dict[str, Any]) -> str:
 def summary_line(est: dict[str, Any]) -> str:
     fits = {True: "fits", False: "DOES NOT FIT", None: "capacity unknown"}[est["fits"]]
     time_s = "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f} ms/step at peak"
+    # on a GPU the total takes reserved on the safe side of packing: both figures shown
+    packing = (f" (reserved {_gib(est['peak_reserved_bytes'])} GiB, upper {_gib(est['reserved_upper_bytes'])} GiB)"
+               if est.get("reserved_upper_bytes") is not None else "")
     return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']} for {shape(est)}: "
-                      f"{_gib(est['total_bytes'])} GiB of {_gib(est['capacity_bytes'])} GiB, {fits}; "
+                      f"{_gib(est['total_bytes'])} GiB{packing} of {_gib(est['capacity_bytes'])} GiB, {fits}; "
                       f"{est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}", *shapes.lines(est.get("shape_advice"))])
 
 
@@ -39,6 +42,7 @@ def _row(est: dict[str, Any], with_shapes: bool) -> dict[str, str]:
     parts = {**bd, "temp": bd.get("temp", 0) + bd.get("buffers", 0) + bd.get("other", 0)}
     row = {"method": est["method"], "total GiB": _gib(est["total_bytes"]),
            **({"allocated GiB": _gib(est["peak_allocated_bytes"]), "reserved GiB": _gib(est["peak_reserved_bytes"]),
+               "reserved upper GiB": _gib(est.get("reserved_upper_bytes")),
                "used GiB": _gib(est["device_used_bytes"])} if est["device"] == "cuda" else {}),
            **{p: _gib(parts.get(p, 0)) for p in TABLE_PARTS},
            "capacity GiB": _gib(est["capacity_bytes"]), "fits": {True: "yes", False: "**no**", None: "?"}[est["fits"]],
@@ -75,8 +79,9 @@ def sweep_table(jobs: list[sweepdir.SweepJob]) -> str:
                     if est is not None and est["method_reason"]}) + shapes.table_notes(advices)
     if any(est is not None and est["device"] == "cuda" for est in map(_estimated, jobs)):
         notes.insert(0, "total = what must fit the capacity: on a GPU the device used (nvidia-smi: reserved + the "
-                        "CUDA context), on a CPU the peak. allocated / reserved = torch.cuda.max_memory_allocated / "
-                        "max_memory_reserved.")
+                        "CUDA context) with reserved on the safe side of packing (reserved upper: the most the step "
+                        "reserves with its activations scaled down), on a CPU the peak. allocated / reserved = "
+                        "torch.cuda.max_memory_allocated / max_memory_reserved as replayed.")
     return "\n".join([table, ""] + [f"- {note}" for note in notes]) + "\n"
 
 
@@ -122,8 +127,8 @@ def pivot_table(jobs: list[sweepdir.SweepJob], by: str) -> str:
     frame = pd.DataFrame(list(rows.values())).reindex(columns=order).fillna("-")
     common = sweepdir.varying(jobs)[1]
     notes = [f"every row: {' '.join(common)}" if common else "",
-             "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved + the CUDA "
-             "context); margin = capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower "
+             "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved on the safe "
+             "side of packing + the CUDA context); margin = capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower "
              "bound",
              *(f"[{n}] {why}" for why, n in reasons.items())]
     return "\n".join([frame.to_markdown(index=False, disable_numparse=True), ""]

@@ -66,7 +66,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     if adjustment is not None:
         reading.update(adjusted_reading(recorder, adjustment, profile, spec))
     elif profile.device == "cuda":
-        reading["allocator"] = capture.allocator_reading(recorder.events)
+        reading["allocator"] = capture.allocator_reading(recorder.events, recorder.categories)
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
 
@@ -96,6 +96,6 @@ def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareC
     events, categories = adjust.apply(recorder.events, recorder.categories, adjustment, flat)
     reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
     if profile.device == "cuda":
-        reading["allocator"] = capture.allocator_reading(events)
+        reading["allocator"] = capture.allocator_reading(events, categories)
     return reading
 
