@@ -161,11 +161,11 @@ def _local_tokenizer(cfg: ModelConf) -> bool:
 
 
 def _tokenizer(job: Config, config, source: str) -> None:
-    """The vocabulary holds every token the tokenizer emits; an estimate asks only a tokenizer on disk."""
+    """The vocabulary holds every token the tokenizer emits; an estimate or a plan asks only a tokenizer on disk."""
     from ..run import hub, model
 
     cfg = job.model
-    if job.mode == Mode.estimate and not _local_tokenizer(cfg):
+    if job.mode != Mode.train and not _local_tokenizer(cfg):
         return
     if cfg.tokenizer and not Path(cfg.tokenizer).expanduser().exists():
         hub.require_reachable("model.tokenizer", cfg.tokenizer)

@@ -22,14 +22,14 @@ def check(job: Config) -> None:
         allowed = [o for o in options(group) if o != "auto"]
         for value in getattr(plan, key):
             if value not in allowed:
-                raise ConfigError(f"plan.{key}: unknown option {value!r}; allowed: {', '.join(allowed)}")
+                raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
     if not plan.hardware:
-        raise ConfigError("plan.hardware: name at least one GPU profile, e.g. plan.hardware=[t4,a100_40gb]")
+        raise ConfigError("plan.hardware", "name at least one GPU profile, e.g. plan.hardware=[t4,a100_40gb]")
     for m in plan.micro_batches:
         if m < 1 or job.batch_size % m:
-            raise ConfigError(f"plan.micro_batches: {m} does not divide batch_size={job.batch_size}")
+            raise ConfigError("plan.micro_batches", f"{m} does not divide batch_size={job.batch_size}")
     if plan.top < 1 or (plan.depths and (len(plan.depths) != 2 or min(plan.depths) < 1)):
-        raise ConfigError("plan.top must be >= 1 and plan.depths two depths >= 1 (or [] for full traces)")
+        raise ConfigError("plan.top / plan.depths", "top must be >= 1 and depths two depths >= 1 (or [] for full traces)")
 
 
 def micro_batches(job: Config) -> list[int]:
