@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DS_BUILD := DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_BUILD_SHM_COMM=1
 SWEEP ?=
 
-.PHONY: install train test sweep sweep-llm report bench gpu-check validate-estimates estimate-t4 estimate-llm sweep-t4 wandb-sync clean
+.PHONY: install train test sweep sweep-llm report bench gpu-check validate-estimates estimate-t4 estimate-llm plan sweep-t4 wandb-sync clean
 
 install: $(STAMP)
 
@@ -85,6 +85,16 @@ LLM_GRID ?= --grid precision=bf16 optim=adamw,adamw_8bit,adafactor checkpointing
 	--grid precision=fp16 optim=adamw lora=qlora,int8 checkpointing=full
 estimate-llm: $(STAMP)
 	$(PY) -m memsweep.estimate $(LLM_JOB) hardware=$(LLM_GPUS) $(ARGS) $(LLM_GRID) --by hardware $(if $(SWEEP),--out $(SWEEP))
+
+# The fastest technique combination that fits each GPU (mode=plan, src/memsweep/planner/): precision x optimizer x
+# checkpointing x LoRA / QLoRA / int8 x micro-batch (accumulation keeps the effective batch), rules applied, ranked
+# by predicted step time; plan.csv and plan.md in the job dir. Offline, no GPU. TOP=N rows printed per GPU;
+# PLAN_JOB / PLAN_GPUS change the job and the GPUs; ARGS adds overrides (e.g. ARGS="plan.lora=[none,qlora]").
+PLAN_GPUS ?= t4,rtx4090,a100_40gb
+PLAN_JOB ?= task=causal_lm model=llama-3.1-8b batch_size=16 max_seq_len=1024
+plan: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) train.py mode=plan $(PLAN_JOB) 'plan.hardware=[$(PLAN_GPUS)]' logger=none \
+		$(if $(TOP),plan.top=$(TOP)) $(ARGS)
 
 # What memsweep costs, side by side in one run: per-step overhead against a hand-written loop and stock
 # Trainer (fp32, bf16), a 6-job sweep against 6 processes, training FLOP/s against the matmul ceiling,

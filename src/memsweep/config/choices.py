@@ -10,6 +10,7 @@ from enum import Enum, StrEnum
 class Mode(str, Enum):
     train = "train"
     estimate = "estimate"
+    plan = "plan"  # the fastest technique combination that fits each GPU (planner/)
 
 
 class Progress(str, Enum):

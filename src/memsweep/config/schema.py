@@ -195,6 +195,27 @@ class HardwareConf:
     fp16_native: Optional[bool] = None
     tflops: dict[str, float] = field(default_factory=dict)  # peak dense matmul TFLOP/s per dtype
     tensor_core_multiple: int = 0  # tensor-core shape rule: multiples that make matmuls fast (0 = none)
+    # Device memory bandwidth and the host link (PCIe, one direction), GB/s, from the datasheet named in the
+    # profile: the roofline's rates (estimate/roofline.py); null on a CPU = measured there at start-up.
+    memory_gbs: Optional[float] = None
+    host_link_gbs: Optional[float] = None
+
+
+@dataclass
+class PlanConf:
+    """mode=plan (planner/): the technique space searched for the fastest combination that fits."""
+    hardware: list[str] = field(default_factory=lambda: ["t4", "rtx4090", "a100_40gb"])  # conf/hardware options
+    precision: list[str] = field(default_factory=lambda: ["bf16_true", "bf16", "fp16"])
+    optim: list[str] = field(default_factory=lambda: ["adamw", "adamw_8bit", "adafactor"])
+    # LoRA-family rows search only these optimizers: the adapters' state is a fraction of a percent
+    lora_optim: list[str] = field(default_factory=lambda: ["adamw"])
+    checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
+    lora: list[str] = field(default_factory=lambda: ["none", "r8", "qlora", "int8"])
+    micro_batches: list[int] = field(default_factory=list)  # empty: every divisor of batch_size
+    # Identical blocks traced at these two depths and extrapolated to the model's (planner/depth.py);
+    # empty: every row traced at full depth
+    depths: list[int] = field(default_factory=lambda: [2, 3])
+    top: int = 20  # rows printed per GPU (plan.csv / plan.md keep every row)
 
 
 @dataclass
@@ -271,6 +292,7 @@ class Config:
     max_steps: int = -1  # > 0 overrides epochs
     max_seq_len: int = 64
     mode: Mode = Mode.train
+    plan: PlanConf = field(default_factory=PlanConf)
     # What a job shows while it trains and evaluates, and a sweep before each job (progress.py).
     progress: Progress = Progress.auto
     threads: Optional[int] = None  # torch intra-op threads; null = torch's default

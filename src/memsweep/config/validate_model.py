@@ -164,16 +164,16 @@ def _local_tokenizer(cfg: ModelConf) -> bool:
 
 
 def _tokenizer(job: Config, config, source: str) -> None:
-    """The vocabulary holds every token the tokenizer emits; an estimate asks only a tokenizer on disk. An
-    image model has no tokenizer: training asks that its weights can be reached."""
+    """The vocabulary holds every token the tokenizer emits; an estimate or a plan asks only a tokenizer on
+    disk. An image model has no tokenizer: training asks that its weights can be reached."""
     from ..run import hub, model, task
 
     cfg = job.model
     if task.images(job.task):  # no tokenizer: training reads only the weights
-        if job.mode != Mode.estimate and cfg.source != ModelSource.tiny:
+        if job.mode == Mode.train and cfg.source != ModelSource.tiny:
             model.weights_source(cfg)
         return
-    if job.mode == Mode.estimate and not _local_tokenizer(cfg):
+    if job.mode != Mode.train and not _local_tokenizer(cfg):
         return
     if cfg.tokenizer and not Path(cfg.tokenizer).expanduser().exists():
         hub.require_reachable("model.tokenizer", cfg.tokenizer)

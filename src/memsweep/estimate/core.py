@@ -13,7 +13,7 @@ from ..measure import shapes
 from ..run import results
 from ..run.plan import build_plan
 from ..sweep.sweepdir import ESTIMATE_FILE
-from . import adjust
+from . import adjust, roofline
 from .meta import model_config, traced_model
 from .result import Estimate
 from .table import summary_line
@@ -75,6 +75,8 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
     tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
     config, source = model_config(job)
     adjusted = traced.get("adjustment")
+    timing = roofline.step_time(traced, plan, profile)
+    tokens = plan.micro_batch_size * plan.accumulation_steps * job.max_seq_len
     return Estimate(
         method="adjusted trace" if adjusted else "trace", method_reason=adjusted, hardware=profile.name,
         device=profile.device, micro_batch_size=plan.micro_batch_size, accumulation_steps=plan.accumulation_steps,
@@ -84,7 +86,9 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         fits=None if capacity is None else total <= capacity, margin_bytes=None if capacity is None else capacity - total,
         flops_per_step=traced["flops_per_step"], flops_source="FlopCounterMode", compute_dtype=key, peak_tflops=tflops,
         step_time_s=traced["flops_per_step"] / (tflops * 1e12) if tflops else None,
-        trace={k: v for k, v in traced.items() if k not in ("total_params", "trainable_params")},
+        predicted_step_s=timing["step_s"], tokens_per_s=tokens / timing["step_s"] if timing["step_s"] else None,
+        step_time=timing,
+        trace={k: v for k, v in traced.items() if k not in ("total_params", "trainable_params", "roofline_ops")},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
         notes=notes_for(plan, profile, adjusted),
         shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),

@@ -31,6 +31,9 @@ class Estimate:
     compute_dtype: str  # the profile's `tflops` key the step is timed at
     peak_tflops: Optional[float]
     step_time_s: Optional[float]  # FLOPs at the profile's peak matmul rate: a lower bound on a step's time
+    predicted_step_s: Optional[float]  # the roofline per op (roofline.py); None with step_time["why_not"]
+    tokens_per_s: Optional[float]  # tokens of one optimizer step (padded to seq_len) / predicted_step_s
+    step_time: dict[str, Any]  # the roofline's parts: forward, backward, optimizer, host transfers, rates
     trace: dict[str, Any]  # the trace's own reading (and the allocator model's on a GPU)
     total_params: int
     trainable_params: int

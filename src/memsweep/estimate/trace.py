@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, inner_optimizer, ledger_reading
 from ..techniques import optim
-from . import adjust, capture, fake, sharded
+from . import adjust, capture, fake, roofline, sharded
 from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
@@ -44,7 +44,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     spec = optimizer_spec(plan, model)
     with fake_job(job, plan, profile, model) as model:
         optimizer = None if adjustment and adjustment.flat_numel else build_optimizer(plan, model, profile, spec)
-        flops = warm_up(job, plan, model, optimizer)
+        flops, ops = warm_up(job, plan, model, optimizer)
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
         recorder = capture.Recorder(capture.alive_at_step(model, inner_optimizer(optimizer) if optimizer else None,
@@ -57,29 +57,35 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         early = measured_batches(job, plan, model) if profile.device != "cuda" else None
         recorder.outside(early or [])
         with tracker, recorder:
-            training_step(model, optimizer, early or measured_batches(job, plan, model), plan, marks=recorder,
-                          forward_contexts=forward)
+            batches = early or measured_batches(job, plan, model)
+            training_step(model, optimizer, batches, plan, marks=recorder, forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
-                   "flops_per_step": flops * plan.accumulation_steps,
+                   "flops_per_step": flops * plan.accumulation_steps, "roofline_ops": ops,
                    "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
     if adjustment is not None:
         reading.update(adjusted_reading(recorder, adjustment, profile, spec))
+        if adjustment.save_on_host:  # what save_on_cpu copies to the host per micro-batch, and back in backward
+            reading["offloaded_bytes_per_micro_batch"] = sum(
+                e[2] for e in recorder.events if e[0] == "alloc" and recorder.categories.get(e[1]) == "host"
+            ) // len(batches)
     elif profile.device == "cuda":
         reading["allocator"] = capture.allocator_reading(recorder.events, recorder.categories)
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
 
-def warm_up(job: Config, plan, model, optimizer) -> int:
+def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
     behind. Its FLOPs are counted here: FlopCounterMode must not run inside the measured step (under
-    checkpointing it keeps recomputed activations alive: a false peak)."""
+    checkpointing it keeps recomputed activations alive: a false peak). Its ops are timed here too, by the
+    roofline (roofline.py): one micro-batch's forward and backward, and the optimizer step."""
     from torch.utils.flop_counter import FlopCounterMode
 
     flops = FlopCounterMode(display=False)
     batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
-    training_step(model, optimizer, [batch], plan, lambda: flops)
-    return flops.get_total_flops()
+    with roofline.recording() as ops:
+        training_step(model, optimizer, [batch], plan, lambda: flops, marks=ops)
+    return flops.get_total_flops(), roofline.reading(ops)
 
 
 def measured_batches(job: Config, plan, model) -> list:

@@ -68,7 +68,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
         with finishing(res, ctx, cfg) as wandb_run, stopping.interruptible("while setting the job up"):
             body(cfg, res, ctx.job_dir, wandb_run)
-        print_summary(res, ctx.job_dir, advice=cfg.mode != Mode.estimate)  # an estimate printed its own
+        print_summary(res, ctx.job_dir, advice=cfg.mode == Mode.train)  # an estimate printed its own
         if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
             print(f"[memsweep] W&B run: {run_at}", flush=True)
         stopping.hand_over()  # stopped by the cluster's signal: submitit requeues the job
@@ -107,6 +107,12 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     procenv.prepare()
     profile = hardware.detect(job.hardware)
     res.hardware = asdict(profile)
+    if job.mode == Mode.plan:  # the fastest combination that fits each GPU: no training, no weights, no GPU
+        from ..planner.run import run_plan
+
+        with stopping.interruptible("during the plan"):
+            res.effective["plan"] = run_plan(job, job_dir)
+        return
     if job.mode == Mode.estimate:  # no training, no weights, no GPU: predicted memory, FLOPs, time
         from ..estimate.core import run_estimate
 

@@ -1,0 +1,22 @@
+"""mode=plan: search the space, rank the rows, write and print the tables."""
+import time
+from pathlib import Path
+
+from ..config.schema import Config
+from . import search, space, table
+
+
+def run_plan(job: Config, job_dir: Path) -> dict:
+    """Search, rank, write plan.csv / plan.md into job_dir and print the top rows per GPU."""
+    space.check(job)
+    started = time.perf_counter()
+    rows = table.ranked(search.search(job, progress=lambda line: print(f"[memsweep] plan {line}", flush=True)))
+    title = (f"Plan: {job.model.name}, {job.task.name.value}, batch {job.batch_size} x {job.max_seq_len} tokens "
+             f"per optimizer step, on {', '.join(job.plan.hardware)}")
+    print(table.write(rows, Path(job_dir), job.plan.top, title), flush=True)
+    seconds = round(time.perf_counter() - started, 1)
+    print(f"[memsweep] plan: {len(rows)} rows in {seconds} s; {Path(job_dir) / 'plan.md'}", flush=True)
+    best = {gpu: next((r for r in rows if r["gpu"] == gpu and r["rank"] == 1), None) for gpu in job.plan.hardware}
+    return {"seconds": seconds, "rows": len(rows),
+            "fastest": {g: None if r is None else {k: r[k] for k in ("precision", "optim", "checkpointing", "lora",
+                                                                   "micro_batch", "step_s")} for g, r in best.items()}}

@@ -1,0 +1,75 @@
+"""The search: every combination of the space on every GPU, as a row that fits, does not fit, or is refused
+by a rule (config/rules.py), with its reason. Micro-batches are tried smallest first; once one fits no
+GPU, the larger ones are not traced (a larger micro-batch holds more activations and nothing less), and
+their rows say so. One trace serves every GPU (estimate.core's memo: the trace reads only the device)."""
+import time
+from typing import Callable, Optional
+
+from ..config import rules
+from ..config.hardware import load_profile
+from ..config.schema import Config, HardwareConf
+from ..errors import Unsupported
+from . import depth, space
+
+
+def refusals(job: Config, profiles: list[HardwareConf]) -> dict[str, str]:
+    """{profile name: the rule's reason} for the profiles a rule refuses this job on (no-gpu aside: a plan,
+    like an estimate, needs no GPU)."""
+    out = {}
+    for p in profiles:
+        try:
+            rules.check(job, p, skip=("no-gpu",))
+        except Unsupported as exc:
+            out[p.name] = str(exc)
+    return out
+
+
+def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> tuple[list[dict], bool]:
+    """The rows of one combination at micro-batch m on every GPU, and whether it fits any."""
+    variant = space.variant(job, combo, m)
+    base = {**combo, "micro_batch": m, "accumulation": job.batch_size // m, "changes": space.changes_to_training(combo)}
+    refused = refusals(variant, profiles)
+    allowed = [p for p in profiles if p.name not in refused]
+    rows = [{**base, "gpu": g, "status": "refused", "reason": r} for g, r in refused.items()]
+    if not allowed:
+        return rows, False
+    try:
+        made = depth.row_figures(variant, allowed, memo, depths)
+    except Exception as exc:  # noqa: BLE001 - one combination the estimator cannot trace is a row, not a crash
+        reason = f"not estimated: {type(exc).__name__}: {str(exc)[:200]}"
+        return rows + [{**base, "gpu": p.name, "status": "error", "reason": reason} for p in allowed], True
+    for p in allowed:
+        figs = made["per_gpu"][p.name]
+        status = "fits" if figs["fits"] else "does not fit"
+        rows.append({**base, **figs, "gpu": p.name, "status": status, "method": made["method"],
+                     "reason": figs["why_not"] or ""})
+    return rows, any(r["status"] == "fits" for r in rows)
+
+
+def search(job: Config, progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+    profiles = [load_profile(name) for name in job.plan.hardware]
+    memo, rows, sizes = {}, [], space.micro_batches(job)
+    depths = list(job.plan.depths) or None
+    for n, combo in enumerate(space.combinations(job), 1):
+        started = time.perf_counter()
+        for i, m in enumerate(sizes):
+            found, fits_any = rows_of(combo, m, job, profiles, memo, depths)
+            rows += found
+            if not fits_any and any(r["status"] != "refused" for r in found):
+                rows += untraced(combo, sizes[i + 1:], m, job, found)
+                break
+        if progress:
+            progress(f"{n}: {' '.join(f'{k}={v}' for k, v in combo.items())} ({time.perf_counter() - started:.1f} s)")
+    return rows
+
+
+def untraced(combo: dict, larger: list[int], m: int, job: Config, found: list[dict]) -> list[dict]:
+    """The rows of the micro-batches after one that fit no GPU: they do not fit either (or are refused)."""
+    out = []
+    for row in found:
+        for k in larger:
+            status, reason = ("refused", row["reason"]) if row["status"] == "refused" else (
+                "does not fit", f"not traced: micro-batch {m} already did not fit, and memory grows with it")
+            out.append({**{x: row[x] for x in ("precision", "optim", "checkpointing", "lora", "changes", "gpu")},
+                        "micro_batch": k, "accumulation": job.batch_size // k, "status": status, "reason": reason})
+    return out

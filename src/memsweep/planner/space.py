@@ -1,0 +1,76 @@
+"""The technique space of a plan: precision x optimizer x checkpointing x LoRA / QLoRA / int8 x micro-batch,
+accumulation keeping the effective batch, each combination as the job it would be; and what each
+combination changes about the training, so a row shows its quality risk beside its speed."""
+import dataclasses
+import itertools
+from typing import Iterator
+
+from ..config.schema import CONF_DIR, Config
+from ..errors import ConfigError
+
+GROUPS = ("precision", "optim", "checkpointing", "lora")
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check(job: Config) -> None:
+    """Bad input refused in one line naming the key and its allowed values (exit 2, as validate.py)."""
+    plan = job.plan
+    for key, group in (("hardware", "hardware"), *((g, g) for g in GROUPS), ("lora_optim", "optim")):
+        allowed = [o for o in options(group) if o != "auto"]
+        for value in getattr(plan, key):
+            if value not in allowed:
+                raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
+    if not plan.hardware:
+        raise ConfigError("plan.hardware", "name at least one GPU profile, e.g. plan.hardware=[t4,a100_40gb]")
+    for m in plan.micro_batches:
+        if m < 1 or job.batch_size % m:
+            raise ConfigError("plan.micro_batches", f"{m} does not divide batch_size={job.batch_size}")
+    if plan.top < 1 or (plan.depths and (len(plan.depths) != 2 or min(plan.depths) < 1)):
+        raise ConfigError("plan.top / plan.depths", "top must be >= 1 and depths two depths >= 1 (or [] for full traces)")
+
+
+def micro_batches(job: Config) -> list[int]:
+    """Ascending: the search stops at the first one that fits no GPU (memory grows with it)."""
+    return sorted(job.plan.micro_batches) or [m for m in range(1, job.batch_size + 1) if job.batch_size % m == 0]
+
+
+def combinations(job: Config) -> Iterator[dict[str, str]]:
+    plan = job.plan
+    for precision, checkpointing, lora in itertools.product(plan.precision, plan.checkpointing, plan.lora):
+        for optim in plan.optim if lora == "none" else plan.lora_optim:
+            yield {"precision": precision, "optim": optim, "checkpointing": checkpointing, "lora": lora}
+
+
+def section(group: str, option: str, kind):
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(kind), OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+    return OmegaConf.to_object(merged)
+
+
+def variant(job: Config, combo: dict[str, str], micro_batch: int) -> Config:
+    """The job with the combination's group options and micro-batch (accumulation keeps batch_size)."""
+    changes = {g: section(g, o, type(getattr(job, g))) for g, o in combo.items()}
+    changes["accumulation"] = dataclasses.replace(job.accumulation, name=f"x{job.batch_size // micro_batch}",
+                                                  steps=job.batch_size // micro_batch)
+    return dataclasses.replace(job, **changes)
+
+
+def changes_to_training(combo: dict[str, str]) -> str:
+    """What the combination changes about what is trained and how, beside full fine-tuning in fp32."""
+    said = {"bf16_true": "bf16 weights and updates (no fp32 master copy)", "bf16": "bf16 autocast, fp32 master",
+            "fp16": "fp16 autocast + loss scaling, fp32 master", "fp32": "fp32", "tf32": "TF32 matmuls"}
+    parts = [said.get(combo["precision"], combo["precision"])]
+    parts.append({"none": "all weights trained", "r8": "base frozen, LoRA r8 adapters",
+                  "r16": "base frozen, LoRA r16 adapters", "qlora": "base frozen and quantized to 4-bit NF4, LoRA",
+                  "int8": "base frozen and quantized to 8-bit (LLM.int8), LoRA"}.get(combo["lora"], combo["lora"]))
+    if "8bit" in combo["optim"]:
+        parts.append("8-bit optimizer state")
+    elif combo["optim"] == "adafactor":
+        parts.append("Adafactor (factored second moment)")
+    if combo["checkpointing"] != "none":
+        parts.append("recomputes the forward (same result)")
+    return "; ".join(parts)

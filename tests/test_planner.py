@@ -1,0 +1,78 @@
+"""mode=plan (planner/): the depth shortcut against the full trace, the ranking (the top row is the fastest
+that fits), every dropped row refused by a rule or too large, and bad input refused by name."""
+import dataclasses
+
+import pytest
+from conftest import job_of
+
+from memsweep.config.hardware import load_profile
+from memsweep.errors import ConfigError
+from memsweep.estimate.core import estimate_job
+from memsweep.planner import depth, search, space, table
+
+# Llama-3's vocabulary: full fine-tuning and micro-batch 8 (its logits) do not fit a T4; LoRA at 1 does.
+# Few blocks, so each trace takes seconds.
+WIDE = ["task=causal_lm", "model=tiny-llama", "model.hidden_size=2048", "model.intermediate_size=5632",
+        "model.vocab_size=128256", "model.num_layers=2", "max_seq_len=1024", "batch_size=8"]
+
+
+def test_blocks_traced_at_two_depths_and_scaled_match_the_full_trace():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=6", "model.hidden_size=256",
+                     "model.intermediate_size=1024", "max_seq_len=256", "batch_size=4", "precision=bf16_true"])
+    gpu = load_profile("a100_40gb")
+    full = depth.row_figures(job, [gpu], {}, None)["per_gpu"][gpu.name]
+    scaled = depth.row_figures(job, [gpu], {}, [2, 3])["per_gpu"][gpu.name]
+    assert scaled["peak_bytes"] == full["peak_bytes"]  # tensor bytes: affine in the blocks, exactly
+    assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-6)  # a sum over ops
+    # reserved: the larger reserved/allocated ratio of the two traces, on the safe side, and close
+    assert full["reserved_bytes"] <= scaled["reserved_bytes"] <= 1.1 * full["reserved_bytes"]
+
+
+@pytest.fixture(scope="module")
+def plan_rows():
+    # bf16 is refused on a T4 by a rule, before any trace
+    job, _ = job_of(WIDE + ["plan.hardware=[t4]", "plan.precision=[bf16_true,fp16]", "plan.lora=[none,r8]",
+                            "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[1,8]"])
+    space.check(job)
+    return job, table.ranked(search.search(job))
+
+
+def test_the_top_row_is_the_fastest_that_fits_and_every_dropped_row_is_refused_or_too_large(plan_rows):
+    job, rows = plan_rows
+    fitting = [r for r in rows if r["status"] == "fits"]
+    assert fitting and rows[0]["rank"] == 1 and rows[0]["status"] == "fits"
+    assert rows[0]["step_s"] == min(r["step_s"] for r in fitting)
+    dropped = [r for r in rows if r["status"] != "fits"]
+    assert {r["status"] for r in dropped} == {"refused", "does not fit"}
+    for row in dropped:
+        combo = {g: row[g] for g in space.GROUPS}
+        variant, profile = space.variant(job, combo, row["micro_batch"]), load_profile(row["gpu"])
+        if row["status"] == "refused":
+            assert search.refusals(variant, [profile]) == {profile.name: row["reason"]}
+        else:  # traced in the plan or not: the full estimate of that job does not fit
+            assert not estimate_job(variant, profile).fits
+
+
+def test_plan_writes_its_tables(plan_rows, tmp_path):
+    _, rows = plan_rows
+    text = table.write(rows, tmp_path, top=1, title="t")
+    assert (tmp_path / "plan.csv").read_text().count("\n") == len(rows) + 1
+    assert "### t4:" in text and "first 1 shown" in text
+
+
+@pytest.mark.parametrize("override, key", [("plan.hardware=[nosuch]", "plan.hardware"),
+                                           ("plan.lora=[r9]", "plan.lora"),
+                                           ("plan.micro_batches=[3]", "plan.micro_batches")])
+def test_bad_plan_input_is_refused_naming_the_key(override, key):
+    job, _ = job_of(WIDE + [override])
+    with pytest.raises(ConfigError, match=key):
+        space.check(job)
+
+
+def test_a_combination_is_the_job_it_would_be():
+    job, _ = job_of(WIDE)
+    variant = space.variant(job, {"precision": "fp16", "optim": "adafactor", "checkpointing": "full", "lora": "qlora"}, 2)
+    assert (variant.precision.name, variant.optim.name, variant.lora.name, variant.accumulation.steps) == (
+        "fp16", "adafactor", "qlora", 4)
+    assert dataclasses.replace(variant, precision=job.precision, optim=job.optim, checkpointing=job.checkpointing,
+                               lora=job.lora, accumulation=job.accumulation) == job
