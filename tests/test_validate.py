@@ -98,7 +98,7 @@ DECODER = ["model=tiny-llama", "task=causal_lm"]
 # a key with a closed set of values: the schema's Enum lists them (refused on the command line)
 CLOSED_SETS = {
     "device": (["hardware.device=gpu"], "hardware.device", "allowed: auto, cpu, cuda"),
-    "checkpointing by name": (["checkpointing.name=selective"], "checkpointing.name", "allowed: none, full"),
+    "checkpointing by name": (["checkpointing.name=partial"], "checkpointing.name", "allowed: none, full, selective"),
     "logger by name": (["logger.name=tensorboard"], "logger.name", "allowed: wandb, none"),
     "quantization": (["lora=r8", "lora.quantize=nf8"], "lora.quantize", "allowed: none, int8, nf4"),
     "compile by name": (["compile.name=yes"], "compile.name", "allowed: none, on"),
