@@ -47,7 +47,9 @@ def count_parameters(model) -> int:
 
 
 def test_every_shipped_file_has_a_published_count():
-    assert sorted(p.stem for p in ARCHS.glob("*.json")) == sorted(PUBLISHED)
+    # the image models' sizes are checked in test_vision (against the ViT paper's counts)
+    text = [p.stem for p in ARCHS.glob("*.json") if json.loads(p.read_text())["model_type"] != "vit"]
+    assert sorted(text) == sorted(PUBLISHED)
 
 
 def test_readme_names_every_file_and_hub_id():

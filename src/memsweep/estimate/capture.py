@@ -139,7 +139,7 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         for t in tree_flatten((args, kwargs))[0]:  # made before recording and not given to __init__
-            if not (isinstance(t, torch.Tensor) and t.untyped_storage() in self.early):
+            if not (self.early and isinstance(t, torch.Tensor) and t.untyped_storage() in self.early):
                 self.see(t)
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
