@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..config.schema import Config, DeepspeedConf, FsdpConf, FsdpStrategy, PrecisionConf, PrecisionName
+from . import zero as zero_walk
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Adjustment:
     flat_optimizer: bool = False  # the optimizer steps one flat fp32 partition (ZeRO), not the model's weights
     flat_numel: int = 0  # ...of this many values (set by `sized`)
     save_on_host: bool = False  # saved tensors copied to the host (fake.save_on_host)
+    zero: Optional[zero_walk.Settings] = None  # ZeRO-2's gradient path, walked for each rank (zero.py)
 
     def note(self) -> str:
         return f"adjusted trace: {self.reason}"
@@ -110,31 +112,37 @@ def zero(job: Config, plan) -> Adjustment:
                       flat_optimizer=not (t.deepspeed.offload_optimizer and off_host))
 
 
-def sized(adjustment: Adjustment, plan, trainable: int) -> Adjustment:
-    """ZeRO's buffers for the model's `trainable` values: 1/N of them per process from stage 1 for the
-    optimizer's partition, from stage 2 for the gradients'."""
+def sized(adjustment: Adjustment, plan, model) -> Adjustment:
+    """ZeRO's buffers for the (traced) model's trainable values: 1/N of them per process from stage 1 for the
+    optimizer's partition; from stage 2 the gradients' path, walked per rank where zero.py models it (the
+    contiguous-gradient path without offload), else a flat partition from the start of backward."""
     t = plan.techniques
     if not t.deepspeed.on or (t.deepspeed.stage == 0 and not t.precision.autocast):
         return adjustment
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     stage, n = t.deepspeed.stage, plan.nproc
     partition = trainable // (n if stage >= 1 else 1)
     grad_bytes = t.precision.compute_bytes if t.precision.autocast else 4
+    walked = zero_walk.settings(plan.args["deepspeed"], model, n, grad_bytes)
     blocks = []
     if adjustment.flat_optimizer:
         # the optimizer's own fp32 copy of its partition (a clone in fp32 too), and at the step the
         # partition's gradients flattened into fp32 for it (single_grad_partition)
         blocks += [Block("fp32 master weights", "optimizer", 4 * partition),
                    Block("fp32 gradient partition", "grads", 4 * partition, start="step", end="end")]
-    if stage >= 2:  # contiguous gradients: each gradient copied into the process's flat partition once reduced
+    if stage >= 2 and walked is None:  # contiguous gradients: each copied into the process's flat partition
         blocks.append(Block("gradient partition", "grads", grad_bytes * (trainable // n), start="backward"))
-    return dataclasses.replace(adjustment, blocks=blocks, flat_numel=partition if adjustment.flat_optimizer else 0)
+    return dataclasses.replace(adjustment, blocks=blocks, flat_numel=partition if adjustment.flat_optimizer else 0,
+                               zero=walked, grads_share=1.0 if walked else adjustment.grads_share)
 
 
-def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None) -> tuple[list, dict]:
-    """The nearest job's events as the real job makes them: host categories off the device, a process's
-    share of each gradient, the engine's blocks, and `optimizer` (step.flat_partition_step's recorder)
-    in place of the traced optimizer's state and step."""
+def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None, rank: int = 0) -> tuple[list, dict]:
+    """The nearest job's events as `rank` of the real job makes them: host categories off the device, a
+    process's share of each gradient or ZeRO-2's gradient path (zero.walk), the engine's blocks, and
+    `optimizer` (step.flat_partition_step's recorder) in place of the traced optimizer's state and step."""
     kept, categories = [], dict(categories)
+    if adjustment.zero is not None:
+        events, categories = zero_walk.walk(events, categories, adjustment.zero, rank)
     for event in events:
         category = categories.get(event[1]) if event[0] in ("alloc", "free") else None
         if category in adjustment.host:

@@ -60,7 +60,7 @@ def traced_step(job: Config, profile: HardwareConf, plan) -> dict[str, Any]:
     counts = {"total_params": sum(p.numel() for p in model.parameters()),
               "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     if adjustment is not None:  # its buffers are sized by the job's own plan: processes, stage, precision
-        adjustment = adjust.sized(adjustment, plan, counts["trainable_params"])
+        adjustment = adjust.sized(adjustment, plan, model)
     return {**trace(traced_job, profile, traced_plan, model, adjustment), **counts}
 
 
@@ -85,7 +85,7 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         step_time_s=traced["flops_per_step"] / (tflops * 1e12) if tflops else None,
         trace={k: v for k, v in traced.items() if k not in ("total_params", "trainable_params")},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
-        notes=notes_for(plan, profile, adjusted),
+        notes=notes_for(plan, profile, adjusted), per_rank=traced.get("per_rank"),
         shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),
                                  job.data.pad_to_multiple_of),
         seconds=round(time.perf_counter() - started, 2), **device)

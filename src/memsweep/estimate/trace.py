@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, inner_optimizer, ledger_reading
 from ..techniques import optim
-from . import adjust, capture, fake, sharded
+from . import adjust, capture, fake, sharded, zero
 from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
@@ -56,7 +56,8 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         # the real ledger); a GPU job copies it to the device inside the step.
         early = measured_batches(job, plan, model) if profile.device != "cuda" else None
         recorder.outside(early or [])
-        with tracker, recorder:
+        walked = zero.hooks(model, recorder) if adjustment and adjustment.zero else contextlib.nullcontext()
+        with tracker, recorder, walked:
             training_step(model, optimizer, early or measured_batches(job, plan, model), plan, marks=recorder,
                           forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
@@ -91,11 +92,18 @@ def measured_batches(job: Config, plan, model) -> list:
 
 def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareConf, spec) -> dict[str, Any]:
     """The nearest job's recorded step with the adjustment's arithmetic, read as the ledger reads a step
-    (and, on a GPU profile, through the allocator model), in place of the nearest job's own ledger."""
+    (and, on a GPU profile, through the allocator model), in place of the nearest job's own ledger: rank
+    0's, and where ranks differ (ZeRO-2's walk, zero.py) each rank's in `per_rank`."""
     flat = flat_partition_step(spec, adjustment.flat_numel, profile) if adjustment.flat_numel else None
-    events, categories = adjust.apply(recorder.events, recorder.categories, adjustment, flat)
-    reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
-    if profile.device == "cuda":
-        reading["allocator"] = capture.allocator_reading(events)
-    return reading
-
+    ranks = []
+    for rank in range(adjustment.zero.world if adjustment.zero else 1):
+        events, categories = adjust.apply(recorder.events, recorder.categories, adjustment, flat, rank)
+        reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
+        if profile.device == "cuda":
+            reading["allocator"] = capture.allocator_reading(events)
+        ranks.append(reading)
+    if adjustment.zero:
+        ranks[0]["per_rank"] = [{"rank": n, "peak_bytes": r["peak_bytes"], "breakdown": r["breakdown"],
+                                 **({"allocator": r["allocator"]} if "allocator" in r else {})}
+                                for n, r in enumerate(ranks)]
+    return ranks[0]
