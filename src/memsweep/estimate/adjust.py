@@ -27,6 +27,7 @@ step and replayed through the allocator model, so reserved bytes are predicted f
   copied to the host as save_on_cpu copies it (fake.save_on_host), and those copies off the device.
 """
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -56,6 +57,7 @@ class Adjustment:
     flat_numel: int = 0  # ...of this many values (set by `sized`)
     save_on_host: bool = False  # saved tensors copied to the host (fake.save_on_host)
     zero: Optional[zero_walk.Settings] = None  # ZeRO-2's gradient path, walked for each rank (zero.py)
+    module_units: bool = False  # FSDP units of every module holding parameters (ZeRO-3's gathering), not blocks
 
     def note(self) -> str:
         return f"adjusted trace: {self.reason}"
@@ -78,19 +80,6 @@ def for_job(job: Config, plan) -> Optional[Adjustment]:
     return None
 
 
-# DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance default to 1e9 (Trainer leaves
-# them unset): a model of fewer parameters stays gathered once its modules have run, as without ZeRO-3
-MAX_LIVE_PARAMETERS = 1e9
-
-
-def parameters(job: Config) -> int:
-    from ..run.model import meta_model
-    from ..run.task import auto_class, num_labels
-
-    return sum(p.numel() for p in meta_model(job.model, auto_class(job.task),
-                                             num_labels(job.task, job.data.labels)).parameters())
-
-
 def zero(job: Config, plan) -> Adjustment:
     """DeepSpeed ZeRO: the nearest traceable job and the per-process buffers of the engine (module docstring);
     the sizes that depend on the trainable values are completed by `sized` once the model is built."""
@@ -99,7 +88,7 @@ def zero(job: Config, plan) -> Adjustment:
     nearest = dataclasses.replace(job, deepspeed=DeepspeedConf())
     if mixed:
         nearest = dataclasses.replace(nearest, precision=PrecisionConf(name=PrecisionName.bf16_true))
-    if stage == 3 and parameters(job) > MAX_LIVE_PARAMETERS:
+    if stage == 3 and plan.nproc > 1:  # each module's parameters gathered for its use and released after
         nearest = dataclasses.replace(nearest, fsdp=FsdpConf(name="full_shard", strategy=FsdpStrategy.full_shard))
     if stage == 0 and not mixed:
         return Adjustment("ZeRO stage 0 in fp32 trains as plain PyTorch: traced without DeepSpeed", nearest)
@@ -109,7 +98,8 @@ def zero(job: Config, plan) -> Adjustment:
                       f"DeepSpeed{' in bf16 weights' if mixed else ''}{' sharded as FSDP full_shard' if stage == 3 else ''}, "
                       "with ZeRO's per-process optimizer partition, master weights and gradient buffers added",
                       nearest, host=host, grads_share=0.0 if stage >= 2 else 1.0,
-                      flat_optimizer=not (t.deepspeed.offload_optimizer and off_host))
+                      flat_optimizer=not (t.deepspeed.offload_optimizer and off_host),
+                      module_units=stage == 3 and plan.nproc > 1)
 
 
 def sized(adjustment: Adjustment, plan, model) -> Adjustment:
@@ -130,7 +120,9 @@ def sized(adjustment: Adjustment, plan, model) -> Adjustment:
         # partition's gradients flattened into fp32 for it (single_grad_partition)
         blocks += [Block("fp32 master weights", "optimizer", 4 * partition),
                    Block("fp32 gradient partition", "grads", 4 * partition, start="step", end="end")]
-    if stage >= 2 and walked is None:  # contiguous gradients: each copied into the process's flat partition
+    if stage == 3:  # grad_partitions_flat_buffer: 1/N of every gradient, made with the engine (stage3.py __init__)
+        blocks.append(Block("gradient partition", "grads", grad_bytes * math.ceil(trainable / n)))
+    elif stage == 2 and walked is None:  # contiguous gradients: each copied into the process's flat partition
         blocks.append(Block("gradient partition", "grads", grad_bytes * (trainable // n), start="backward"))
     return dataclasses.replace(adjustment, blocks=blocks, flat_numel=partition if adjustment.flat_optimizer else 0,
                                zero=walked, grads_share=1.0 if walked else adjustment.grads_share)

@@ -57,6 +57,11 @@ def traced_step(job: Config, profile: HardwareConf, plan) -> dict[str, Any]:
     adjustment = adjust.for_job(job, plan)
     traced_job, traced_plan = (adjustment.nearest, build_plan(adjustment.nearest, profile)) if adjustment else (job, plan)
     model = traced_model(traced_job, traced_plan)
+    if adjustment is not None and adjustment.module_units:
+        # ZeRO-3 gathers each module's own parameters before it runs and releases them after (stage3.py's
+        # PartitionedParameterCoordinator, per submodule): an FSDP unit of every module that holds some
+        traced_plan.args["fsdp_config"]["transformer_layer_cls_to_wrap"] = sorted(
+            {type(m).__name__ for m in model.modules() if next(m.parameters(recurse=False), None) is not None})
     counts = {"total_params": sum(p.numel() for p in model.parameters()),
               "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     if adjustment is not None:  # its buffers are sized by the job's own plan: processes, stage, precision
