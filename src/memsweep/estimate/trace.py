@@ -57,9 +57,10 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         early = measured_batches(job, plan, model) if profile.device != "cuda" else None
         recorder.outside(early or [])
         walked = zero.hooks(model, recorder) if adjustment and adjustment.zero else contextlib.nullcontext()
+        held = zero.held_until_step(model) if adjustment and adjustment.module_units else []
         with tracker, recorder, walked:
-            training_step(model, optimizer, early or measured_batches(job, plan, model), plan, marks=recorder,
-                          forward_contexts=forward)
+            training_step(model, optimizer, early or measured_batches(job, plan, model), plan,
+                          marks=zero.ReshardAfterBackward(recorder, held), forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
                    "flops_per_step": flops * plan.accumulation_steps,
                    "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
@@ -93,17 +94,19 @@ def measured_batches(job: Config, plan, model) -> list:
 def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareConf, spec) -> dict[str, Any]:
     """The nearest job's recorded step with the adjustment's arithmetic, read as the ledger reads a step
     (and, on a GPU profile, through the allocator model), in place of the nearest job's own ledger: rank
-    0's, and where ranks differ (ZeRO-2's walk, zero.py) each rank's in `per_rank`."""
+    0's, and for a job of several processes each rank's in `per_rank`. Ranks differ where ZeRO-2's walk
+    gives each its own partition (zero.py); ZeRO-3 pads every parameter's partition to 1/N on each rank
+    (partition_parameters.py, _partition_param), so there every rank holds what rank 0 does."""
     flat = flat_partition_step(spec, adjustment.flat_numel, profile) if adjustment.flat_numel else None
-    ranks = []
+    readings = []
     for rank in range(adjustment.zero.world if adjustment.zero else 1):
         events, categories = adjust.apply(recorder.events, recorder.categories, adjustment, flat, rank)
         reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
         if profile.device == "cuda":
             reading["allocator"] = capture.allocator_reading(events)
-        ranks.append(reading)
-    if adjustment.zero:
-        ranks[0]["per_rank"] = [{"rank": n, "peak_bytes": r["peak_bytes"], "breakdown": r["breakdown"],
-                                 **({"allocator": r["allocator"]} if "allocator" in r else {})}
-                                for n, r in enumerate(ranks)]
-    return ranks[0]
+        readings.append(reading)
+    if adjustment.ranks > 1:
+        readings[0]["per_rank"] = [
+            {"rank": n, **{k: r[k] for k in ("peak_bytes", "breakdown", "allocator") if k in r}}
+            for n, r in enumerate(readings[min(n, len(readings) - 1)] for n in range(adjustment.ranks))]
+    return readings[0]

@@ -218,3 +218,37 @@ def hooks(model, recorder):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def held_until_step(model) -> list:
+    """ZeRO-3's modules whose inputs need no gradient (embeddings: their input is token ids): DeepSpeed
+    releases a module's parameters after its backward through a function applied to its inputs
+    (parameter_offload.py, _post_backward_module_hook), which never runs for these, so their gathered
+    weights are held until the optimizer step partitions every parameter (stage3.py step:
+    _partition_all_parameters). In the trace: their FSDP units not resharded by FSDP's own post-backward,
+    which comes before the gradient's reduce-scatter (ReshardAfterBackward does it after)."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule) and isinstance(m, torch.nn.Embedding)]
+    for unit in units:
+        unit.set_reshard_after_backward(False)
+    return units
+
+
+class ReshardAfterBackward:
+    """The recorder's marks, which reshard `units` (held_until_step) once backward is done, before the
+    gradients are tagged (a unit's sharded gradient is its sharded parameter's, in place again). DeepSpeed
+    releases them at the optimizer step's start, or in the next micro-batch's forward, after its own
+    use: nothing is allocated in between."""
+
+    def __init__(self, marks, units: list):
+        self.marks, self.units = marks, units
+
+    def mark(self, name: str) -> None:
+        self.marks.mark(name)
+
+    def tag_grads(self, model) -> None:
+        for unit in self.units:
+            unit.reshard()
+        self.marks.tag_grads(model)
