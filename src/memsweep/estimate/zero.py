@@ -1,10 +1,13 @@
-"""ZeRO stage 2's gradient path, for each rank, on the nearest job's recorded backward (adjust.py).
+"""ZeRO stage 2's gradient path, for each rank, on the nearest job's recorded backward (adjust.py); and for
+stage 3, traced as FSDP, the modules whose gathered weights DeepSpeed holds past their backward
+(`held_until_step`).
 
 DeepSpeed's stage_1_and_2.py (0.19.8) handles each gradient in a hook as autograd makes it; the trace
 records when each parameter's gradient is accumulated (`hooks`: capture.Recorder.grad_made), so the same walk is
 replayed here for each rank of `distributed.nproc`, with the sizes of the job's own DeepSpeed config:
 
-- Partitions (`__init__`): each optimizer param group (Trainer's decay / no-decay groups) is flattened,
+- Partitions (`__init__`): each optimizer param group (Trainer's decay / no-decay groups) is flattened in
+  its order (round_robin_gradients, off by default, would reorder it: not walked),
   padded to a multiple of nccl_start_alignment_factor (2) x world size, and cut into world-size equal
   partitions; a parameter belongs to every partition it overlaps (param_to_partition_ids), so ranks can
   differ in what they own.
@@ -44,7 +47,7 @@ def settings(ds_config: dict, model, world: int, dtype_bytes: int) -> Optional[S
     """The walk's settings from the job's DeepSpeed JSON (its "auto" sizes as transformers' HfTrainerDeepSpeedConfig
     fills them: reduce_bucket_size = hidden_size**2), read through DeepSpeed's own config class for its defaults;
     None where stage 2's contiguous-gradient path does not apply (another stage, no contiguous_gradients,
-    optimizer offload: those keep adjust.py's blocks)."""
+    optimizer offload, round_robin_gradients: those keep adjust.py's blocks)."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     raw = dict(ds_config["zero_optimization"])
@@ -52,7 +55,8 @@ def settings(ds_config: dict, model, world: int, dtype_bytes: int) -> Optional[S
         raw["reduce_bucket_size"] = hidden_size(model.config) ** 2
     raw = {k: v for k, v in raw.items() if v != "auto"}
     zero = DeepSpeedZeroConfig(**raw)
-    if int(zero.stage) != 2 or not zero.contiguous_gradients or zero.offload_optimizer is not None:
+    if (int(zero.stage) != 2 or not zero.contiguous_gradients or zero.offload_optimizer is not None
+            or zero.round_robin_gradients):
         return None
     return Settings(world=world, bucket=int(zero.reduce_bucket_size), buffers=2 if zero.overlap_comm else 1,
                     dtype_bytes=dtype_bytes, groups=param_groups(model))

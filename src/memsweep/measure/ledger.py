@@ -93,7 +93,10 @@ def own_weights(optimizer, model) -> list:
     (track_external). A partition whose storage the model's weights already use (ZeRO-3 on one process:
     its parameters are views of their ds_tensor, partition_parameters.NoGatherHandle) is counted with them."""
     own, found = {id(p) for p in model.parameters()}, {}
-    storages = {p.untyped_storage().data_ptr() for p in model.parameters() if p.numel()}
+    from torch.distributed.tensor import DTensor
+
+    # FSDP's DTensor parameters hold no storage of their own (and DeepSpeed never shares one with them)
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters() if p.numel() and not isinstance(p, DTensor)}
     while optimizer is not None:
         for name in MASTER_WEIGHTS:
             held = getattr(optimizer, name, None)
