@@ -275,8 +275,9 @@ def training(output: str) -> bool:
 
 @pytest.mark.slow  # a real job in a subprocess
 @pytest.mark.parametrize("signum, code, more", [
-    (signal.SIGINT, 130, []), (signal.SIGTERM, 143, []),
-    # DataLoader workers get the group's SIGTERM too: killed, torch would fail the job first
+    (signal.SIGINT, 130, []),
+    # SIGTERM with DataLoader workers: they get the group's SIGTERM too (killed, torch would fail the job
+    # first), so this case covers a plain SIGTERM and the workers at once
     (signal.SIGTERM, 143, ["dataloader=fast"]),
 ])
 def test_a_job_stopped_mid_training_ends_interrupted_within_seconds(signum, code, more, tmp_path):
@@ -302,38 +303,38 @@ def statuses(sweep_dir: Path, n: int) -> list:
     return [(results.read(sweep_dir / str(i) / "results.json") or {}).get("status") for i in range(n)]
 
 
-@pytest.mark.slow  # a 3-job sweep stopped, then resumed, in subprocesses
+@pytest.mark.slow  # a 2-job sweep stopped, then resumed, in subprocesses
 def test_a_sweep_stopped_in_its_first_job_keeps_it_and_resumes_to_completion(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    sweep = Started([sys.executable, "train.py", "-m", "optim=adamw,sgd,adafactor", *WITH_WANDB, *LONG,
+    sweep = Started([sys.executable, "train.py", "-m", "optim=adamw,sgd", *WITH_WANDB, *LONG,
                      f"hydra.sweep.dir={sweep_dir}"])
     sweep.signal_when(training, signal.SIGINT)
     assert sweep.wait() == 130, sweep.output[-3000:]
-    assert "job 2/3" not in sweep.output and not (sweep_dir / "1").exists()  # stopped before job 2 began
-    assert statuses(sweep_dir, 3) == ["interrupted", None, None]
+    assert "job 2/2" not in sweep.output and not (sweep_dir / "1").exists()  # stopped before job 2 began
+    assert statuses(sweep_dir, 2) == ["interrupted", None]
     summary = (sweep_dir / "summary.md").read_text()
-    assert "# Sweep summary: 3 jobs (1 interrupted, 2 not started)" in summary
-    assert "**interrupted** — SIGINT at optimizer step" in summary and summary.count("**not started**") == 2
+    assert "# Sweep summary: 2 jobs (1 interrupted, 1 not started)" in summary
+    assert "**interrupted** — SIGINT at optimizer step" in summary and summary.count("**not started**") == 1
     assert "resume it with: python -m memsweep.resume" in sweep.output
 
     resumed = subprocess.run([sys.executable, "-m", "memsweep.resume", str(sweep_dir)], cwd=ROOT, env=ENV,
                              capture_output=True, text=True, timeout=1200)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert statuses(sweep_dir, 3) == ["ok", "ok", "ok"]
-    assert "3 jobs (3 ok)" in (sweep_dir / "summary.md").read_text()
+    assert statuses(sweep_dir, 2) == ["ok", "ok"]
+    assert "2 jobs (2 ok)" in (sweep_dir / "summary.md").read_text()
     # nothing twice: one result and one W&B run per job, the interrupted attempt set aside, one summary run
-    for i in range(3):
+    for i in range(2):
         assert len(list((sweep_dir / str(i)).glob("wandb/offline-run-*"))) == 1
     assert results.read(sweep_dir / "0" / "attempts" / "1" / "results.json")["status"] == "interrupted"
-    assert not (sweep_dir / "1" / "attempts").exists() and not (sweep_dir / "2" / "attempts").exists()
+    assert not (sweep_dir / "1" / "attempts").exists()
     assert len(list(sweep_dir.glob("wandb/offline-run-*"))) == 1
 
     # and once complete, resuming again runs nothing
-    done = [(sweep_dir / str(i) / "results.json").stat().st_mtime_ns for i in range(3)]
+    done = [(sweep_dir / str(i) / "results.json").stat().st_mtime_ns for i in range(2)]
     again = subprocess.run([sys.executable, "-m", "memsweep.resume", str(sweep_dir), "logger=none"], cwd=ROOT,
                            env=ENV, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("skipped (done: ok") == 3, again.stdout[-3000:]
-    assert [(sweep_dir / str(i) / "results.json").stat().st_mtime_ns for i in range(3)] == done
+    assert again.returncode == 0 and again.stdout.count("skipped (done: ok") == 2, again.stdout[-3000:]
+    assert [(sweep_dir / str(i) / "results.json").stat().st_mtime_ns for i in range(2)] == done
 
 
 @pytest.mark.slow  # joblib's two workers in a subprocess

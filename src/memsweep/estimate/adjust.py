@@ -6,19 +6,26 @@ step and replayed through the allocator model, so reserved bytes are predicted f
 - DeepSpeed ZeRO (stage s, N processes): its engine partitions and casts the model itself and cannot
   run on fake tensors. Traced: the job without DeepSpeed, its weights in the dtype DeepSpeed trains in
   (bf16 or fp16 with mixed precision: the engine casts the model, no autocast; fp16 traced as bf16,
-  the same bytes) and no optimizer step; at stage 3 a model of more than stage3_max_live_parameters
-  (1e9, DeepSpeed's default) as FSDP's full_shard over N (each module's parameters gathered for its
-  forward and backward and freed after), a smaller one as it is: its parameters stay gathered once
-  used (each one's 1/N partition, `ds_tensor`, is not counted; a real job's ledger does not show it
-  either: cause not established). Added, per process, as DeepSpeed's stage_1_and_2.py / stage3.py keep them: the
-  client optimizer stepping one flat fp32 partition of the trainable values (1/N from stage 1: its
-  state and its step's temporaries, traced on that flat tensor), the fp32 master weights of that
-  partition (single_partition_of_fp32_groups, a clone also in fp32) and, at the step, the partition's
-  gradients flattened into fp32 (single_grad_partition); from stage 2 each gradient is copied into a
-  flat partition of 1/N of them in the gradients' dtype once reduced (contiguous_gradients) and freed.
-  With optimizer offload on a GPU the state, master weights and step are on the host; with parameter
-  offload (stage 3) the weights. Checked against real CPU jobs of one and two processes
-  (tests/test_deepspeed.py); DeepSpeed's reduce buckets and prefetch buffers are not modelled.
+  the same bytes) and no optimizer step. Stage 3 over N >= 2 processes is traced as FSDP full_shard
+  over N with a unit for every module that holds parameters: stage3.py gathers each submodule's own
+  parameters before it runs and releases them after (PartitionedParameterCoordinator); the FSDP shards
+  stand for the 1/N partitions (ds_tensor). On one process stage 3 is traced as it is: a parameter is
+  a view of its whole partition (partition_parameters.py, NoGatherHandle: nothing is gathered).
+  Added, per process, as stage_1_and_2.py / stage3.py keep them: the client optimizer stepping one flat
+  fp32 partition of the trainable values (1/N from stage 1: its state and its step's temporaries,
+  traced on that flat tensor), the fp32 master weights of that partition (single_partition_of_fp32_groups,
+  a clone also in fp32) and, at the step, the partition's gradients flattened into fp32
+  (single_grad_partition). Stage 2: each rank's gradient path walked as DeepSpeed runs it (zero.py:
+  reduce bucket, grads_in_partition made at its first reduced gradient, flat copies of the reductions),
+  with the job's reduce_bucket_size; with offload or without contiguous_gradients a flat partition of
+  1/N of the gradients from the start of backward instead. Stage 3: grad_partitions_flat_buffer, 1/N of
+  each gradient padded as the parameter is (made with the engine, held throughout); the gradients
+  FSDP's trace keeps are left out. With optimizer offload on a GPU the state, master weights and step are
+  on the host; with parameter offload (stage 3) the weights. Checked against real CPU jobs of one and
+  two processes, each rank (tests/test_deepspeed.py, tests/test_distributed.py). Not modelled: stage 3's
+  reduce bucket (reduce_bucket_size, hidden_size**2 with "auto"), its prefetch of the next modules
+  (stage3_prefetch_bucket_size) and its persistent small parameters (stage3_param_persistence_threshold),
+  which FSDP's units gather and free like the others.
 - FSDP with CPU offload (CPUOffloadPolicy; GPU only): the job traced without offload; the sharded
   parameters, their gradients and the optimizer's state and step live in host memory
   (torch.distributed.fsdp: offload_policy), so they come off the device. Each unit's shard copied to
@@ -27,10 +34,12 @@ step and replayed through the allocator model, so reserved bytes are predicted f
   copied to the host as save_on_cpu copies it (fake.save_on_host), and those copies off the device.
 """
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..config.schema import Config, DeepspeedConf, FsdpConf, FsdpStrategy, PrecisionConf, PrecisionName
+from . import zero as zero_walk
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,9 @@ class Adjustment:
     flat_optimizer: bool = False  # the optimizer steps one flat fp32 partition (ZeRO), not the model's weights
     flat_numel: int = 0  # ...of this many values (set by `sized`)
     save_on_host: bool = False  # saved tensors copied to the host (fake.save_on_host)
+    zero: Optional[zero_walk.Settings] = None  # ZeRO-2's gradient path, walked for each rank (zero.py)
+    ranks: int = 1  # the job's processes: each gets its own reading (trace.adjusted_reading)
+    module_units: bool = False  # FSDP units of every module holding parameters (ZeRO-3's gathering), not blocks
 
     def note(self) -> str:
         return f"adjusted trace: {self.reason}"
@@ -76,19 +88,6 @@ def for_job(job: Config, plan) -> Optional[Adjustment]:
     return None
 
 
-# DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance default to 1e9 (Trainer leaves
-# them unset): a model of fewer parameters stays gathered once its modules have run, as without ZeRO-3
-MAX_LIVE_PARAMETERS = 1e9
-
-
-def parameters(job: Config) -> int:
-    from ..run.model import meta_model
-    from ..run.task import auto_class, num_labels
-
-    return sum(p.numel() for p in meta_model(job.model, auto_class(job.task),
-                                             num_labels(job.task, job.data.labels)).parameters())
-
-
 def zero(job: Config, plan) -> Adjustment:
     """DeepSpeed ZeRO: the nearest traceable job and the per-process buffers of the engine (module docstring);
     the sizes that depend on the trainable values are completed by `sized` once the model is built."""
@@ -97,7 +96,7 @@ def zero(job: Config, plan) -> Adjustment:
     nearest = dataclasses.replace(job, deepspeed=DeepspeedConf())
     if mixed:
         nearest = dataclasses.replace(nearest, precision=PrecisionConf(name=PrecisionName.bf16_true))
-    if stage == 3 and parameters(job) > MAX_LIVE_PARAMETERS:
+    if stage == 3 and plan.nproc > 1:  # each module's parameters gathered for its use and released after
         nearest = dataclasses.replace(nearest, fsdp=FsdpConf(name="full_shard", strategy=FsdpStrategy.full_shard))
     if stage == 0 and not mixed:
         return Adjustment("ZeRO stage 0 in fp32 trains as plain PyTorch: traced without DeepSpeed", nearest)
@@ -107,34 +106,44 @@ def zero(job: Config, plan) -> Adjustment:
                       f"DeepSpeed{' in bf16 weights' if mixed else ''}{' sharded as FSDP full_shard' if stage == 3 else ''}, "
                       "with ZeRO's per-process optimizer partition, master weights and gradient buffers added",
                       nearest, host=host, grads_share=0.0 if stage >= 2 else 1.0,
-                      flat_optimizer=not (t.deepspeed.offload_optimizer and off_host))
+                      flat_optimizer=not (t.deepspeed.offload_optimizer and off_host),
+                      module_units=stage == 3 and plan.nproc > 1, ranks=plan.nproc)
 
 
-def sized(adjustment: Adjustment, plan, trainable: int) -> Adjustment:
-    """ZeRO's buffers for the model's `trainable` values: 1/N of them per process from stage 1 for the
-    optimizer's partition, from stage 2 for the gradients'."""
+def sized(adjustment: Adjustment, plan, model) -> Adjustment:
+    """ZeRO's buffers for the (traced) model's trainable values: 1/N of them per process from stage 1 for the
+    optimizer's partition; from stage 2 the gradients' path, walked per rank where zero.py models it (the
+    contiguous-gradient path without offload), else a flat partition from the start of backward."""
     t = plan.techniques
     if not t.deepspeed.on or (t.deepspeed.stage == 0 and not t.precision.autocast):
         return adjustment
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     stage, n = t.deepspeed.stage, plan.nproc
     partition = trainable // (n if stage >= 1 else 1)
     grad_bytes = t.precision.compute_bytes if t.precision.autocast else 4
+    walked = zero_walk.settings(plan.args["deepspeed"], model, n, grad_bytes)
     blocks = []
     if adjustment.flat_optimizer:
         # the optimizer's own fp32 copy of its partition (a clone in fp32 too), and at the step the
         # partition's gradients flattened into fp32 for it (single_grad_partition)
         blocks += [Block("fp32 master weights", "optimizer", 4 * partition),
                    Block("fp32 gradient partition", "grads", 4 * partition, start="step", end="end")]
-    if stage >= 2:  # contiguous gradients: each gradient copied into the process's flat partition once reduced
+    if stage == 3:  # grad_partitions_flat_buffer: 1/N of every gradient, made with the engine (stage3.py __init__)
+        padded = sum(math.ceil(p.numel() / n) for p in model.parameters() if p.requires_grad)  # _aligned_size
+        blocks.append(Block("gradient partition", "grads", grad_bytes * padded))
+    elif stage == 2 and walked is None:  # contiguous gradients: each copied into the process's flat partition
         blocks.append(Block("gradient partition", "grads", grad_bytes * (trainable // n), start="backward"))
-    return dataclasses.replace(adjustment, blocks=blocks, flat_numel=partition if adjustment.flat_optimizer else 0)
+    return dataclasses.replace(adjustment, blocks=blocks, flat_numel=partition if adjustment.flat_optimizer else 0,
+                               zero=walked, grads_share=1.0 if walked else adjustment.grads_share)
 
 
-def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None) -> tuple[list, dict]:
-    """The nearest job's events as the real job makes them: host categories off the device, a process's
-    share of each gradient, the engine's blocks, and `optimizer` (step.flat_partition_step's recorder)
-    in place of the traced optimizer's state and step."""
+def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None, rank: int = 0) -> tuple[list, dict]:
+    """The nearest job's events as `rank` of the real job makes them: host categories off the device, a
+    process's share of each gradient or ZeRO-2's gradient path (zero.walk), the engine's blocks, and
+    `optimizer` (step.flat_partition_step's recorder) in place of the traced optimizer's state and step."""
     kept, categories = [], dict(categories)
+    if adjustment.zero is not None:
+        events, categories = zero_walk.walk(events, categories, adjustment.zero, rank)
     for event in events:
         category = categories.get(event[1]) if event[0] in ("alloc", "free") else None
         if category in adjustment.host:

@@ -19,7 +19,8 @@ all: the CUDA context (the profile's overhead) and cuDNN's own workspaces.
 Every block has a category, the ledger's names: params, buffers and optimizer for what the step starts
 with, grads once backward has made them (`tag_grads`), temp for what the optimizer step allocates,
 activations for the rest, workspace for cuBLAS's (not a tensor: the ledger does not count it);
-("mark", name) events say where the step is (forward, backward, step, end).
+("mark", name) events say where the step is (forward, backward, step, end); ("grad", name, key) events,
+where asked (`grad_made`), when each parameter's gradient was accumulated.
 So the events can be adjusted by category (adjust.py) and read as the ledger reads a step
 (`tensor_reading`: the same storages MemTracker counts) or as the GPU's allocator sees them.
 """
@@ -122,6 +123,12 @@ class Recorder(TorchDispatchMode):
         for p in model.parameters():
             if p.grad is not None:
                 self.tag(sharded.local(p.grad), "grads")
+
+    def grad_made(self, name: str, grad) -> None:
+        """A parameter's gradient accumulated (its post-accumulate-grad hook, where DeepSpeed's own hook
+        runs): ("grad", name, the block holding it), for adjust.py's ZeRO walk (zero.py)."""
+        block = self.seen.get(grad.untyped_storage())
+        self.events.append(("grad", name, block[0] if block else None))
 
     def release(self, block: list) -> None:
         if block[0] is not None:

@@ -57,10 +57,15 @@ def traced_step(job: Config, profile: HardwareConf, plan) -> dict[str, Any]:
     adjustment = adjust.for_job(job, plan)
     traced_job, traced_plan = (adjustment.nearest, build_plan(adjustment.nearest, profile)) if adjustment else (job, plan)
     model = traced_model(traced_job, traced_plan)
+    if adjustment is not None and adjustment.module_units:
+        # ZeRO-3 gathers each module's own parameters before it runs and releases them after (stage3.py's
+        # PartitionedParameterCoordinator, per submodule): an FSDP unit of every module that holds some
+        traced_plan.args["fsdp_config"]["transformer_layer_cls_to_wrap"] = sorted(
+            {type(m).__name__ for m in model.modules() if next(m.parameters(recurse=False), None) is not None})
     counts = {"total_params": sum(p.numel() for p in model.parameters()),
               "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     if adjustment is not None:  # its buffers are sized by the job's own plan: processes, stage, precision
-        adjustment = adjust.sized(adjustment, plan, counts["trainable_params"])
+        adjustment = adjust.sized(adjustment, plan, model)
     return {**trace(traced_job, profile, traced_plan, model, adjustment), **counts}
 
 
@@ -90,7 +95,7 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         step_time=timing,
         trace={k: v for k, v in traced.items() if k not in ("total_params", "trainable_params", "roofline_ops")},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
-        notes=notes_for(plan, profile, adjusted),
+        notes=notes_for(plan, profile, adjusted), per_rank=traced.get("per_rank"),
         shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),
                                  job.data.pad_to_multiple_of),
         seconds=round(time.perf_counter() - started, 2), **device)

@@ -39,6 +39,8 @@ class Estimate:
     trainable_params: int
     architecture_source: str
     notes: list[str] = field(default_factory=list)
+    # each rank's peak and breakdown where ranks differ (DeepSpeed ZeRO-2: zero.py); the job's figures are rank 0's
+    per_rank: Optional[list[dict[str, Any]]] = None
     shape_advice: Optional[dict[str, Any]] = None
     seconds: float = 0.0
     # A GPU's three counters, each predicted as that counter is made (core.device_counters)

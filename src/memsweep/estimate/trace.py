@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, inner_optimizer, ledger_reading
 from ..techniques import optim
-from . import adjust, capture, fake, roofline, sharded
+from . import adjust, capture, fake, roofline, sharded, zero
 from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
@@ -56,9 +56,12 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         # the real ledger); a GPU job copies it to the device inside the step.
         early = measured_batches(job, plan, model) if profile.device != "cuda" else None
         recorder.outside(early or [])
-        with tracker, recorder:
+        walked = zero.hooks(model, recorder) if adjustment and adjustment.zero else contextlib.nullcontext()
+        held = zero.held_until_step(model) if adjustment and adjustment.module_units else []
+        with tracker, recorder, walked:
             batches = early or measured_batches(job, plan, model)
-            training_step(model, optimizer, batches, plan, marks=recorder, forward_contexts=forward)
+            training_step(model, optimizer, batches, plan, marks=zero.ReshardAfterBackward(recorder, held),
+                          forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
                    "flops_per_step": flops * plan.accumulation_steps, "roofline_ops": ops,
                    "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
@@ -97,11 +100,20 @@ def measured_batches(job: Config, plan, model) -> list:
 
 def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareConf, spec) -> dict[str, Any]:
     """The nearest job's recorded step with the adjustment's arithmetic, read as the ledger reads a step
-    (and, on a GPU profile, through the allocator model), in place of the nearest job's own ledger."""
+    (and, on a GPU profile, through the allocator model), in place of the nearest job's own ledger: rank
+    0's, and for a job of several processes each rank's in `per_rank`. Ranks differ where ZeRO-2's walk
+    gives each its own partition (zero.py); ZeRO-3 pads every parameter's partition to 1/N on each rank
+    (partition_parameters.py, _partition_param), so there every rank holds what rank 0 does."""
     flat = flat_partition_step(spec, adjustment.flat_numel, profile) if adjustment.flat_numel else None
-    events, categories = adjust.apply(recorder.events, recorder.categories, adjustment, flat)
-    reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
-    if profile.device == "cuda":
-        reading["allocator"] = capture.allocator_reading(events, categories)
-    return reading
-
+    readings = []
+    for rank in range(adjustment.zero.world if adjustment.zero else 1):
+        events, categories = adjust.apply(recorder.events, recorder.categories, adjustment, flat, rank)
+        reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
+        if profile.device == "cuda":
+            reading["allocator"] = capture.allocator_reading(events, categories)
+        readings.append(reading)
+    if adjustment.ranks > 1:
+        readings[0]["per_rank"] = [
+            {"rank": n, **{k: r[k] for k in ("peak_bytes", "breakdown", "allocator") if k in r}}
+            for n, r in enumerate(readings[min(n, len(readings) - 1)] for n in range(adjustment.ranks))]
+    return readings[0]

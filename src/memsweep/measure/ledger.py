@@ -80,21 +80,31 @@ def inner_optimizer(optimizer):
 
 
 # DeepSpeed's fp32 master partitions: stage_1_and_2.py and stage3.py (which hands them to the client
-# optimizer only during its step)
-MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+# optimizer only during its step); stage3.py's partitions of the model's weights (each parameter's
+# ds_tensor is a view of them) and its gradient partitions (grad_partitions_flat_buffer), both made when
+# the engine is built and held by every rank throughout
+MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp16_partitioned_groups_flat",
+                  "grad_partitions_flat_buffer")
 
 
 def own_weights(optimizer, model) -> list:
-    """The weights an optimizer steps that are not the model's (DeepSpeed's fp32 master partitions), made
-    before the step and held throughout it. MemTracker counts a tensor made before tracking only once it
-    is given (track_external)."""
+    """The tensors an optimizer holds that are not the model's (DeepSpeed's partitions, above), made before
+    the step and held throughout it. MemTracker counts a tensor made before tracking only once it is given
+    (track_external). A partition whose storage the model's weights already use (ZeRO-3 on one process:
+    its parameters are views of their ds_tensor, partition_parameters.NoGatherHandle) is counted with them."""
     own, found = {id(p) for p in model.parameters()}, {}
+    from torch.distributed.tensor import DTensor
+
+    # FSDP's DTensor parameters hold no storage of their own (and DeepSpeed never shares one with them)
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters() if p.numel() and not isinstance(p, DTensor)}
     while optimizer is not None:
         for name in MASTER_WEIGHTS:
-            found.update((id(t), t) for t in getattr(optimizer, name, None) or [] if torch.is_tensor(t))
+            held = getattr(optimizer, name, None)
+            held = [held] if torch.is_tensor(held) else held or []
+            found.update((id(t), t) for t in held if torch.is_tensor(t))
         found.update((id(p), p) for group in getattr(optimizer, "param_groups", []) for p in group["params"])
         optimizer = getattr(optimizer, "optimizer", None)
-    return [t for key, t in found.items() if key not in own]
+    return [t for key, t in found.items() if key not in own and t.untyped_storage().data_ptr() not in storages]
 
 
 def optimizer_state_bytes(optimizer) -> int:

@@ -1,0 +1,258 @@
+"""ZeRO stage 2's gradient path, for each rank, on the nearest job's recorded backward (adjust.py); and for
+stage 3, traced as FSDP, the modules whose gathered weights DeepSpeed holds past their backward
+(`held_until_step`).
+
+DeepSpeed's stage_1_and_2.py (0.19.8) handles each gradient in a hook as autograd makes it; the trace
+records when each parameter's gradient is accumulated (`hooks`: capture.Recorder.grad_made), so the same walk is
+replayed here for each rank of `distributed.nproc`, with the sizes of the job's own DeepSpeed config:
+
+- Partitions (`__init__`): each optimizer param group (Trainer's decay / no-decay groups) is flattened in
+  its order (round_robin_gradients, off by default, would reorder it: not walked),
+  padded to a multiple of nccl_start_alignment_factor (2) x world size, and cut into world-size equal
+  partitions; a parameter belongs to every partition it overlaps (param_to_partition_ids), so ranks can
+  differ in what they own.
+- The reduce bucket (`setup_buckets`, at the first gradient of a backward): reduce_bucket_size elements in
+  the model's dtype (two with overlap_comm). A gradient of at most that many values is copied into it
+  and its own tensor freed (`reduce_independent_p_g_buckets_and_remove_grads`); a larger one stays its
+  own tensor until reduced. When the next gradient would overflow the bucket, the bucket is reduced
+  (`reduce_ipg_grads`): `average_tensor` all-reduces it through `allreduce_bucket`, which flattens what it
+  reduces (`flat_copies`: a copy only of two or more slices), then each
+  gradient this rank owns is copied into `grads_in_partition` (`copy_grads_in_partition`: made at the
+  first such copy, the full size of every parameter of this rank's partition, in the model's dtype) and
+  an oversized one freed; the others' gradients are freed (`clear_grad_attribute`).
+- The epilogue after backward (`independent_gradient_partition_epilogue`) reduces what is left and frees
+  the bucket; the first micro-batch's partition is held to the optimizer step (`averaged_gradients` are
+  views of it); a later micro-batch's is added into it and freed.
+"""
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+# stage_1_and_2.py: nccl_start_alignment_factor, 4-byte alignment / sizeof(fp16)
+ALIGNMENT = 2
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the walk needs of the job's DeepSpeed config and model."""
+    world: int
+    bucket: int  # reduce_bucket_size, in elements
+    buffers: int  # reduce buckets: 2 with overlap_comm (double buffering), else 1
+    dtype_bytes: int  # the model's dtype: the bucket's and grads_in_partition's
+    groups: tuple  # per optimizer param group: ((name, numel), ...) in the group's order
+
+
+def settings(ds_config: dict, model, world: int, dtype_bytes: int) -> Optional[Settings]:
+    """The walk's settings from the job's DeepSpeed JSON (its "auto" sizes as transformers' HfTrainerDeepSpeedConfig
+    fills them: reduce_bucket_size = hidden_size**2), read through DeepSpeed's own config class for its defaults;
+    None where stage 2's contiguous-gradient path does not apply (another stage, no contiguous_gradients,
+    optimizer offload, round_robin_gradients: those keep adjust.py's blocks)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    raw = dict(ds_config["zero_optimization"])
+    if raw.get("reduce_bucket_size") == "auto":
+        raw["reduce_bucket_size"] = hidden_size(model.config) ** 2
+    raw = {k: v for k, v in raw.items() if v != "auto"}
+    zero = DeepSpeedZeroConfig(**raw)
+    if (int(zero.stage) != 2 or not zero.contiguous_gradients or zero.offload_optimizer is not None
+            or zero.round_robin_gradients):
+        return None
+    return Settings(world=world, bucket=int(zero.reduce_bucket_size), buffers=2 if zero.overlap_comm else 1,
+                    dtype_bytes=dtype_bytes, groups=param_groups(model))
+
+
+def hidden_size(config) -> int:
+    """The hidden size transformers' DeepSpeed integration sizes "auto" buckets by (its text config's for a
+    multimodal model; the largest of `hidden_sizes`)."""
+    config = config if hasattr(config, "hidden_size") or hasattr(config, "hidden_sizes") else config.text_config
+    return config.hidden_size if hasattr(config, "hidden_size") else max(config.hidden_sizes)
+
+
+def param_groups(model) -> tuple:
+    """The trainable parameters as Trainer.create_optimizer groups them (decay, then no decay), in order."""
+    from transformers import Trainer
+
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
+    groups = ([(n, k) for n, k in named if n in decay], [(n, k) for n, k in named if n not in decay])
+    return tuple(tuple(g) for g in groups if g)
+
+
+def ownership(s: Settings) -> tuple[dict, list]:
+    """(name -> (numel, its slices: (rank, numel) for each partition it overlaps, in order)), and per rank the
+    elements of its grads_in_partition (every parameter it overlaps, in full)."""
+    owners, partition_numel = {}, [0] * s.world
+    for group in s.groups:
+        total = sum(numel for _, numel in group)
+        size = math.ceil(total / (ALIGNMENT * s.world)) * ALIGNMENT
+        start = 0
+        for name, numel in group:
+            slices = tuple((r, min(start + numel, (r + 1) * size) - max(start, r * size)) for r in range(s.world)
+                           if start < (r + 1) * size and start + numel > r * size)
+            owners[name] = (numel, slices)
+            for r, _ in slices:
+                partition_numel[r] += numel
+            start += numel
+    return owners, partition_numel
+
+
+def flat_copies(slices: list, bucket: int) -> list:
+    """The tensors `allreduce_bucket` makes while reducing `slices` ((rank, numel) in bucket order):
+    average_tensor merges consecutive slices of one rank, allreduce_and_scatter reduces them in groups that
+    end once past reduce_bucket_size elements, and `_flatten_dense_tensors` copies a group of two or more
+    into one new tensor (one tensor alone is only viewed)."""
+    merged = []
+    for rank, numel in slices:
+        if merged and merged[-1][0] == rank:
+            merged[-1] = (rank, merged[-1][1] + numel)
+        else:
+            merged.append((rank, numel))
+    copies, group = [], []
+    for _, numel in merged:
+        group.append(numel)
+        if sum(group) > bucket:
+            copies.append(group)
+            group = []
+    copies += [group] if group else []
+    return [sum(g) for g in copies if len(g) > 1]
+
+
+class Walk:
+    """One rank's events: the recorded ones, with each gradient handled as stage_1_and_2.py handles it."""
+
+    def __init__(self, s: Settings, rank: int):
+        self.s, self.rank = s, rank
+        self.owners, partition_numel = ownership(s)
+        self.partition_bytes = partition_numel[rank] * s.dtype_bytes
+        self.out: list = []
+        self.categories: dict = {}
+        self.pending: list = []  # (name, key of an oversized gradient's own block, or None)
+        self.elements = 0
+        self.bucket_made = False
+        self.micro_batch = 0
+        self.partition: Optional[tuple] = None  # this micro-batch's grads_in_partition block
+
+    def block(self, key, nbytes: int, category: str) -> None:
+        self.out.append(("alloc", key, nbytes))
+        self.categories[key] = category
+
+    def gradient(self, name: str, key) -> None:
+        """A parameter's gradient hook: bucket it, reducing the bucket first when it would overflow. `key`:
+        the block of its gradient; None for a later micro-batch's, which the nearest job added into the
+        accumulated one and freed (DeepSpeed cleared .grad at the epilogue: it is a fresh tensor)."""
+        numel = self.owners[name][0]
+        if not self.bucket_made:
+            for n in range(self.s.buffers):
+                self.block(("reduce bucket", self.micro_batch, n), self.s.bucket * self.s.dtype_bytes, "temp")
+            self.bucket_made = True
+        if self.elements + numel > self.s.bucket:
+            self.reduce()
+        if numel > self.s.bucket:  # its own tensor until reduced
+            if key is None:
+                key = ("gradient", name, self.micro_batch)
+                self.block(key, numel * self.s.dtype_bytes, "temp")
+            self.pending.append((name, key))
+        else:
+            self.pending.append((name, None))
+            if key is not None:
+                self.out.append(("free", key))  # copied into the bucket
+        self.elements += numel
+
+    def reduce(self) -> None:
+        """reduce_ipg_grads: all-reduce the bucket (or the oversized gradient) through allreduce_bucket's
+        flat copies, then copy this rank's gradients into its partition and free the others'."""
+        if not self.pending:
+            return
+        slices = [piece for name, _ in self.pending for piece in self.owners[name][1]]
+        for numel in flat_copies(slices, self.s.bucket):
+            flat = ("flat copy", len(self.out))
+            self.block(flat, numel * self.s.dtype_bytes, "temp")
+            self.out.append(("free", flat))
+        for name, key in self.pending:
+            if self.rank in (r for r, _ in self.owners[name][1]) and self.partition is None:
+                self.partition = ("gradient partition", self.micro_batch)
+                self.block(self.partition, self.partition_bytes, "grads")
+            if key is not None:
+                self.out.append(("free", key))
+        self.pending, self.elements = [], 0
+
+    def epilogue(self) -> None:
+        """independent_gradient_partition_epilogue: the last bucket reduced, the buckets freed; a later
+        micro-batch's partition added into the first's and freed."""
+        self.reduce()
+        if self.bucket_made:
+            self.out += [("free", ("reduce bucket", self.micro_batch, n)) for n in range(self.s.buffers)]
+        if self.micro_batch > 0 and self.partition is not None:
+            self.out.append(("free", self.partition))
+        self.bucket_made, self.partition = False, None
+        self.micro_batch += 1
+
+
+def walk(events: list, categories: dict, s: Settings, rank: int) -> tuple[list, dict]:
+    """`rank`'s events: the recorded step with stage 2's gradient path (module docstring) in place of the
+    nearest job's whole gradients, which are freed here where DeepSpeed frees them. ("grad", name, key)
+    events (recorded by a post-accumulate-grad hook, where DeepSpeed's hook runs) say when each is made."""
+    w, in_backward, handled = Walk(s, rank), False, set()
+    w.categories = dict(categories)
+    for event in events:
+        if event[0] == "mark":
+            if in_backward:
+                w.epilogue()
+            in_backward = event[1] == "backward"
+        if event[0] == "grad":
+            if event[1] in w.owners:
+                w.gradient(event[1], None if event[2] in handled else event[2])
+                handled.add(event[2])
+            continue
+        if event[0] == "free" and event[1] in handled:
+            continue  # already freed where DeepSpeed frees it
+        w.out.append(event)
+    return w.out, w.categories
+
+
+@contextlib.contextmanager
+def hooks(model, recorder):
+    """Record ("grad", name, key) where DeepSpeed's gradient hook runs: after each trainable parameter's
+    gradient is accumulated (register_post_accumulate_grad_hook)."""
+    handles = [p.register_post_accumulate_grad_hook(lambda p, name=name: recorder.grad_made(name, p.grad))
+               for name, p in model.named_parameters() if p.requires_grad]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def held_until_step(model) -> list:
+    """ZeRO-3's modules whose inputs need no gradient (embeddings: their input is token ids): DeepSpeed
+    releases a module's parameters after its backward through a function applied to its inputs
+    (parameter_offload.py, _post_backward_module_hook), which never runs for these, so their gathered
+    weights are held until the optimizer step partitions every parameter (stage3.py step:
+    _partition_all_parameters). In the trace: their FSDP units not resharded by FSDP's own post-backward,
+    which comes before the gradient's reduce-scatter (ReshardAfterBackward does it after)."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule) and isinstance(m, torch.nn.Embedding)]
+    for unit in units:
+        unit.set_reshard_after_backward(False)
+    return units
+
+
+class ReshardAfterBackward:
+    """The recorder's marks, which reshard `units` (held_until_step) once backward is done, before the
+    gradients are tagged (a unit's sharded gradient is its sharded parameter's, in place again). DeepSpeed
+    releases them at the optimizer step's start, or in the next micro-batch's forward, after its own
+    use: nothing is allocated in between."""
+
+    def __init__(self, marks, units: list):
+        self.marks, self.units = marks, units
+
+    def mark(self, name: str) -> None:
+        self.marks.mark(name)
+
+    def tag_grads(self, model) -> None:
+        for unit in self.units:
+            unit.reshard()
+        self.marks.tag_grads(model)
