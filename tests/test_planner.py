@@ -8,11 +8,11 @@ from conftest import job_of
 from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
 from memsweep.estimate.core import estimate_job
-from memsweep.planner import depth, search, space, table
+from memsweep.planner import depth, floor, search, space, table
 
-# Llama-3's vocabulary: full fine-tuning and micro-batch 8 (its logits) do not fit a T4; LoRA at 1 does.
-# Few blocks, so each trace takes seconds.
-WIDE = ["task=causal_lm", "model=tiny-llama", "model.hidden_size=2048", "model.intermediate_size=5632",
+# Llama-3's vocabulary: full fine-tuning (its weights, gradients and state: the floor) and micro-batch 8 (its
+# logits) do not fit a T4; LoRA at 1 does. Few blocks, so each trace takes seconds.
+WIDE = ["task=causal_lm", "model=tiny-llama", "model.hidden_size=4096", "model.intermediate_size=5632",
         "model.vocab_size=128256", "model.num_layers=2", "max_seq_len=1024", "batch_size=8"]
 
 
@@ -34,11 +34,12 @@ def plan_rows():
     job, _ = job_of(WIDE + ["plan.hardware=[t4]", "plan.precision=[bf16_true,fp16]", "plan.lora=[none,r8]",
                             "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[1,8]"])
     space.check(job)
-    return job, table.ranked(search.search(job))
+    memo = {}
+    return job, table.ranked(search.search(job, memo=memo)), memo
 
 
 def test_the_top_row_is_the_fastest_that_fits_and_every_dropped_row_is_refused_or_too_large(plan_rows):
-    job, rows = plan_rows
+    job, rows, memo = plan_rows
     fitting = [r for r in rows if r["status"] == "fits"]
     assert fitting and rows[0]["rank"] == 1 and rows[0]["status"] == "fits"
     assert rows[0]["step_s"] == min(r["step_s"] for r in fitting)
@@ -49,12 +50,23 @@ def test_the_top_row_is_the_fastest_that_fits_and_every_dropped_row_is_refused_o
         variant, profile = space.variant(job, combo, row["micro_batch"]), load_profile(row["gpu"])
         if row["status"] == "refused":
             assert search.refusals(variant, [profile]) == {profile.name: row["reason"]}
-        else:  # traced in the plan or not: the full estimate of that job does not fit
-            assert not estimate_job(variant, profile).fits
+        else:  # traced in the plan (the memo holds that full trace), by the floor or not at all: the full
+            assert not estimate_job(variant, profile, memo).fits  # estimate of that job does not fit
+    assert any(r.get("method") == "floor (no trace)" for r in dropped)  # the floor's rows were checked too
+
+
+def test_the_floor_is_under_the_full_trace(plan_rows):
+    """What the floor counts is held at the step: never more than the traced step's allocated peak."""
+    job, rows, memo = plan_rows
+    row = next(r for r in rows if r["status"] == "fits")
+    variant, profile = space.variant(job, {g: row[g] for g in space.GROUPS}, row["micro_batch"]), load_profile(row["gpu"])
+    held = floor.held_bytes(variant, profile)
+    assert held["grads"] > 0 and held["optimizer"] > 0
+    assert sum(held.values()) <= row["allocated_bytes"]
 
 
 def test_plan_writes_its_tables(plan_rows, tmp_path):
-    _, rows = plan_rows
+    _, rows, _ = plan_rows
     text = table.write(rows, tmp_path, top=1, title="t")
     assert (tmp_path / "plan.csv").read_text().count("\n") == len(rows) + 1
     assert "### t4:" in text and "first 1 shown" in text
