@@ -8,7 +8,7 @@ from conftest import job_of
 from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
 from memsweep.estimate.core import estimate_job
-from memsweep.planner import depth, floor, search, space, table
+from memsweep.planner import batch, depth, floor, search, space, table
 
 # Llama-3's vocabulary: full fine-tuning (its weights, gradients and state: the floor) and micro-batch 8 (its
 # logits) do not fit a T4; LoRA at 1 does. Few blocks, so each trace takes seconds.
@@ -26,6 +26,21 @@ def test_blocks_traced_at_two_depths_and_scaled_match_the_full_trace():
     assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-6)  # a sum over ops
     # reserved: the larger reserved/allocated ratio of the two traces, on the safe side, and close
     assert full["reserved_bytes"] <= scaled["reserved_bytes"] <= 1.1 * full["reserved_bytes"]
+
+
+def test_a_micro_batch_from_two_traces_matches_its_full_trace():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=16"])
+    combo = {"precision": "bf16_true", "optim": "adamw", "checkpointing": "none", "lora": "none"}
+    variant, gpu, memo = space.variant(job, combo, 8), load_profile("a100_40gb"), {}
+    made = depth.row_figures(variant, [gpu], memo, None)
+    assert batch.derived(variant, gpu, memo) and "micro-batch from" in made["method"]  # not traced itself
+    traced = estimate_job(variant, gpu)
+    scaled, full = made["per_gpu"][gpu.name], depth.figures(traced)
+    # each allocation on its line, replayed: the same step, to the byte, on the safe side of packing too
+    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
+        assert scaled[key] == full[key], key
+    assert estimate_job(variant, gpu, memo).reserved_upper_bytes == traced.reserved_upper_bytes
+    assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-9)  # each op's FLOPs and bytes on its line
 
 
 @pytest.fixture(scope="module")

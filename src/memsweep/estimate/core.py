@@ -21,7 +21,8 @@ from .trace import trace
 
 GIB = 2**30
 # what a trace keeps for the planner (planner/batch.py) and the step time, not for estimate.json
-BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "events", "categories")
+BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "events", "categories",
+         "derived_from")
 
 
 def capacity_bytes(profile: HardwareConf) -> Optional[int]:
