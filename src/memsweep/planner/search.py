@@ -2,8 +2,8 @@
 by a rule (config/rules.py), with its reason. Micro-batches are tried smallest first; once one fits no
 GPU, the larger ones are not traced (a larger micro-batch holds more activations and nothing less), and
 their rows say so. One trace serves every GPU (estimate.core's memo: the trace reads only the device). Before
-any trace, a GPU that cannot hold the combination's weights, gradients and optimizer state (floor.py, the same
-at every micro-batch) gets rows that do not fit, with the figures; where no GPU is left, nothing is traced."""
+any trace, a combination whose weights, gradients and optimizer state (floor.py, the same at every micro-batch)
+no GPU can hold is listed as not fitting on each, with the figures, and not traced."""
 import time
 from typing import Callable, Optional
 
@@ -33,11 +33,13 @@ def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> t
     refused = refusals(variant, profiles)
     allowed = [p for p in profiles if p.name not in refused]
     rows = [{**base, "gpu": g, "status": "refused", "reason": r} for g, r in refused.items()]
+    # a trace serves every GPU: the floor saves one only where no GPU can hold it
     if allowed and (held := floor_of(combo, variant, allowed[0], memo)):
         too_large = {p.name: floor.too_large(held, p) for p in allowed}
-        rows += [{**base, "gpu": g, "status": "does not fit", "method": "floor (no trace)", "reason": r}
-                 for g, r in too_large.items() if r]
-        allowed = [p for p in allowed if not too_large[p.name]]
+        if all(too_large.values()):
+            rows += [{**base, "gpu": g, "status": "does not fit", "method": "floor (no trace)", "reason": r}
+                     for g, r in too_large.items()]
+            allowed = []
     if not allowed:
         return rows, False
     try:
@@ -56,7 +58,7 @@ def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> t
 def floor_of(combo: dict, variant: Config, profile: HardwareConf, memo: dict) -> dict:
     """The combination's floor (floor.py), once per what it depends on; {} where it cannot be made (the trace
     then reports why)."""
-    key = (*floor.key(combo), profile.device)
+    key = (*floor.key(combo), repr((variant.model, variant.task)), profile.device)
     if key not in memo:
         try:
             memo[key] = floor.held_bytes(variant, profile)
@@ -94,5 +96,5 @@ def untraced(combo: dict, larger: list[int], m: int, job: Config, found: list[di
                 reason = row["reason"]
             out.append({**{x: row[x] for x in ("precision", "optim", "checkpointing", "lora", "changes", "gpu")},
                         "micro_batch": k, "accumulation": job.batch_size // k, "status": status, "reason": reason,
-                        "method": row.get("method", "")})
+                        "method": row["method"] if row.get("method") == "floor (no trace)" else ""})
     return out
