@@ -8,7 +8,7 @@ from conftest import job_of
 from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
 from memsweep.estimate.core import estimate_job
-from memsweep.planner import batch, depth, floor, search, space, table
+from memsweep.planner import batch, depth, floor, search, space, table, twin
 
 # Llama-3's vocabulary: full fine-tuning (its weights, gradients and state: the floor) and micro-batch 8 (its
 # logits) do not fit a T4; LoRA at 1 does. Few blocks, so each trace takes seconds.
@@ -41,6 +41,19 @@ def test_a_micro_batch_from_two_traces_matches_its_full_trace():
         assert scaled[key] == full[key], key
     assert estimate_job(variant, gpu, memo).reserved_upper_bytes == traced.reserved_upper_bytes
     assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-9)  # each op's FLOPs and bytes on its line
+
+
+def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4"])
+    combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "r8"}
+    t4, memo = load_profile("t4"), {}  # a T4 has no bf16 rate: the ops must be read as fp16's
+    fp16 = space.variant(job, {**combo, "precision": "fp16"}, 2)
+    estimate_job(space.variant(job, combo, 2), t4, memo)
+    made = depth.row_figures(fp16, [t4], memo, None)
+    assert "the bf16 trace" in made["method"]
+    scaled, full = made["per_gpu"][t4.name], depth.figures(estimate_job(fp16, t4))
+    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes", "step_s"):
+        assert scaled[key] == pytest.approx(full[key], rel=twin.TOLERANCE), key
 
 
 @pytest.fixture(scope="module")
