@@ -8,11 +8,11 @@ from conftest import job_of
 from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
 from memsweep.estimate.core import estimate_job
-from memsweep.planner import depth, search, space, table
+from memsweep.planner import batch, depth, floor, search, space, table, twin
 
-# Llama-3's vocabulary: full fine-tuning and micro-batch 8 (its logits) do not fit a T4; LoRA at 1 does.
-# Few blocks, so each trace takes seconds.
-WIDE = ["task=causal_lm", "model=tiny-llama", "model.hidden_size=2048", "model.intermediate_size=5632",
+# Llama-3's vocabulary: full fine-tuning (its weights, gradients and state: the floor) and micro-batch 8 (its
+# logits) do not fit a T4; LoRA at 1 does. Few blocks, so each trace takes seconds.
+WIDE = ["task=causal_lm", "model=tiny-llama", "model.hidden_size=4096", "model.intermediate_size=5632",
         "model.vocab_size=128256", "model.num_layers=2", "max_seq_len=1024", "batch_size=8"]
 
 
@@ -28,17 +28,46 @@ def test_blocks_traced_at_two_depths_and_scaled_match_the_full_trace():
     assert full["reserved_bytes"] <= scaled["reserved_bytes"] <= 1.1 * full["reserved_bytes"]
 
 
+def test_a_micro_batch_from_two_traces_matches_its_full_trace():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=16"])
+    combo = {"precision": "bf16_true", "optim": "adamw", "checkpointing": "none", "lora": "none"}
+    variant, gpu, memo = space.variant(job, combo, 8), load_profile("a100_40gb"), {}
+    made = depth.row_figures(variant, [gpu], memo, None)
+    assert batch.derived(variant, gpu, memo) and "micro-batch from" in made["method"]  # not traced itself
+    traced = estimate_job(variant, gpu)
+    scaled, full = made["per_gpu"][gpu.name], depth.figures(traced)
+    # each allocation on its line, replayed: the same step, to the byte, on the safe side of packing too
+    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
+        assert scaled[key] == full[key], key
+    assert estimate_job(variant, gpu, memo).reserved_upper_bytes == traced.reserved_upper_bytes
+    assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-9)  # each op's FLOPs and bytes on its line
+
+
+def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4"])
+    combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "r8"}
+    t4, memo = load_profile("t4"), {}  # a T4 has no bf16 rate: the ops must be read as fp16's
+    fp16 = space.variant(job, {**combo, "precision": "fp16"}, 2)
+    estimate_job(space.variant(job, combo, 2), t4, memo)
+    made = depth.row_figures(fp16, [t4], memo, None)
+    assert "the bf16 trace" in made["method"]
+    scaled, full = made["per_gpu"][t4.name], depth.figures(estimate_job(fp16, t4))
+    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes", "step_s"):
+        assert scaled[key] == pytest.approx(full[key], rel=twin.TOLERANCE), key
+
+
 @pytest.fixture(scope="module")
 def plan_rows():
     # bf16 is refused on a T4 by a rule, before any trace
     job, _ = job_of(WIDE + ["plan.hardware=[t4]", "plan.precision=[bf16_true,fp16]", "plan.lora=[none,r8]",
                             "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[1,8]"])
     space.check(job)
-    return job, table.ranked(search.search(job))
+    memo = {}
+    return job, table.ranked(search.search(job, memo=memo)), memo
 
 
 def test_the_top_row_is_the_fastest_that_fits_and_every_dropped_row_is_refused_or_too_large(plan_rows):
-    job, rows = plan_rows
+    job, rows, memo = plan_rows
     fitting = [r for r in rows if r["status"] == "fits"]
     assert fitting and rows[0]["rank"] == 1 and rows[0]["status"] == "fits"
     assert rows[0]["step_s"] == min(r["step_s"] for r in fitting)
@@ -49,12 +78,23 @@ def test_the_top_row_is_the_fastest_that_fits_and_every_dropped_row_is_refused_o
         variant, profile = space.variant(job, combo, row["micro_batch"]), load_profile(row["gpu"])
         if row["status"] == "refused":
             assert search.refusals(variant, [profile]) == {profile.name: row["reason"]}
-        else:  # traced in the plan or not: the full estimate of that job does not fit
-            assert not estimate_job(variant, profile).fits
+        else:  # traced in the plan (the memo holds that full trace), by the floor or not at all: the full
+            assert not estimate_job(variant, profile, memo).fits  # estimate of that job does not fit
+    assert any(r.get("method") == "floor (no trace)" for r in dropped)  # the floor's rows were checked too
+
+
+def test_the_floor_is_under_the_full_trace(plan_rows):
+    """What the floor counts is held at the step: never more than the traced step's allocated peak."""
+    job, rows, memo = plan_rows
+    row = next(r for r in rows if r["status"] == "fits")
+    variant, profile = space.variant(job, {g: row[g] for g in space.GROUPS}, row["micro_batch"]), load_profile(row["gpu"])
+    held = floor.held_bytes(variant, profile)
+    assert held["grads"] > 0 and held["optimizer"] > 0
+    assert sum(held.values()) <= row["allocated_bytes"]
 
 
 def test_plan_writes_its_tables(plan_rows, tmp_path):
-    _, rows = plan_rows
+    _, rows, _ = plan_rows
     text = table.write(rows, tmp_path, top=1, title="t")
     assert (tmp_path / "plan.csv").read_text().count("\n") == len(rows) + 1
     assert "### t4:" in text and "first 1 shown" in text

@@ -20,6 +20,9 @@ from .table import summary_line
 from .trace import trace
 
 GIB = 2**30
+# what a trace keeps for the planner (planner/batch.py) and the step time, not for estimate.json
+BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "events", "categories",
+         "derived_from")
 
 
 def capacity_bytes(profile: HardwareConf) -> Optional[int]:
@@ -93,7 +96,7 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         step_time_s=traced["flops_per_step"] / (tflops * 1e12) if tflops else None,
         predicted_step_s=timing["step_s"], tokens_per_s=tokens / timing["step_s"] if timing["step_s"] else None,
         step_time=timing,
-        trace={k: v for k, v in traced.items() if k not in ("total_params", "trainable_params", "roofline_ops")},
+        trace={k: v for k, v in traced.items() if k not in BULKY},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
         notes=notes_for(plan, profile, adjusted), per_rank=traced.get("per_rank"),
         shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),

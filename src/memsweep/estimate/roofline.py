@@ -49,6 +49,7 @@ class Roofline(RuntimeEstimator):
     def __init__(self):
         super().__init__()
         self.ops, self.phase = Counter(), "forward"  # (phase, dtype key, FLOPs, bytes) -> how many ops
+        self.sequence: list[tuple] = []  # the same, one per op in the order run (planner/batch.py reads it)
         self._estimate, self._estimate_mode_type = self.op_cost, "operator-level-cost-model"
 
     def mark(self, name: str) -> None:
@@ -74,6 +75,7 @@ class Roofline(RuntimeEstimator):
         if packet in flop_registry:
             flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(out)
         self.ops[(self.phase, key, flops, int(moved))] += 1
+        self.sequence.append((self.phase, key, flops, int(moved)))
         return out, 0.0
 
     def __enter__(self):

@@ -44,7 +44,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     spec = optimizer_spec(plan, model)
     with fake_job(job, plan, profile, model) as model:
         optimizer = None if adjustment and adjustment.flat_numel else build_optimizer(plan, model, profile, spec)
-        flops, ops = warm_up(job, plan, model, optimizer)
+        flops, ops, sequence = warm_up(job, plan, model, optimizer)
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
         recorder = capture.Recorder(capture.alive_at_step(model, inner_optimizer(optimizer) if optimizer else None,
@@ -64,6 +64,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
                           forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
                    "flops_per_step": flops * plan.accumulation_steps, "roofline_ops": ops,
+                   "roofline_sequence": sequence,
                    "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
     if adjustment is not None:
@@ -74,10 +75,12 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
             ) // len(batches)
     elif profile.device == "cuda":
         reading["allocator"] = capture.allocator_reading(recorder.events, recorder.categories)
+        # kept for the planner, which derives other micro-batches from them (planner/batch.py)
+        reading.update(events=recorder.events, categories=recorder.categories)
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
 
-def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list]:
+def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
     behind. Its FLOPs are counted here: FlopCounterMode must not run inside the measured step (under
     checkpointing it keeps recomputed activations alive: a false peak). Its ops are timed here too, by the
@@ -88,7 +91,7 @@ def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list]:
     batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
     with roofline.recording() as ops:
         training_step(model, optimizer, [batch], plan, lambda: flops, marks=ops)
-    return flops.get_total_flops(), roofline.reading(ops)
+    return flops.get_total_flops(), roofline.reading(ops), ops.sequence
 
 
 def measured_batches(job: Config, plan, model) -> list:

@@ -14,7 +14,8 @@ import dataclasses
 from typing import Optional
 
 from ..config.schema import Config, HardwareConf
-from ..estimate.core import capacity_bytes, estimate_job
+from ..estimate.core import capacity_bytes
+from . import batch, twin
 from ..estimate.meta import model_config
 
 
@@ -60,12 +61,25 @@ def row_figures(job: Config, profiles: list[HardwareConf], memo: dict, depths: O
     """{profile name: figures with the fit}, and how they were made ("trace" or "trace at depths a, b, scaled")."""
     layers = layers_of(job)
     if not depths or layers <= max(depths):
-        out = {p.name: with_fit(figures(estimate_job(job, p, memo)), p) for p in profiles}
-        return {"per_gpu": out, "method": "trace"}
+        out = {p.name: with_fit(figures(estimate(job, p, memo)), p) for p in profiles}
+        return {"per_gpu": out, "method": "trace" + derived_note(job, profiles[0], memo)}
     d = tuple(sorted(depths))
     at = {k: dataclasses.replace(job, model=dataclasses.replace(job.model, num_layers=k)) for k in d}
     out = {}
     for p in profiles:
-        low, high = (figures(estimate_job(at[k], p, memo)) for k in d)
+        low, high = (figures(estimate(at[k], p, memo)) for k in d)
         out[p.name] = with_fit(extrapolated(low, high, d, layers), p)
-    return {"per_gpu": out, "method": f"trace at {d[0]} and {d[1]} of {layers} blocks, scaled"}
+    method = f"trace at {d[0]} and {d[1]} of {layers} blocks, scaled" + derived_note(at[d[0]], profiles[0], memo)
+    return {"per_gpu": out, "method": method}
+
+
+def estimate(job: Config, profile: HardwareConf, memo: dict):
+    """The job's estimate: from its precision twin's trace (twin.py), from two micro-batches' (batch.py), or traced."""
+    return twin.from_twin(job, profile, memo) or batch.estimate(job, profile, memo)
+
+
+def derived_note(job: Config, profile: HardwareConf, memo: dict) -> str:
+    traced = memo.get(batch.device_key(job, profile), {})
+    note = f"; micro-batch from those at {' and '.join(map(str, batch.BASES))} (batch.py)" if traced.get(
+        "derived_from") else ""
+    return note + (f"; the {traced['twin']} trace (twin.py)" if traced.get("twin") else "")

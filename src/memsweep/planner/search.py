@@ -1,7 +1,9 @@
 """The search: every combination of the space on every GPU, as a row that fits, does not fit, or is refused
 by a rule (config/rules.py), with its reason. Micro-batches are tried smallest first; once one fits no
 GPU, the larger ones are not traced (a larger micro-batch holds more activations and nothing less), and
-their rows say so. One trace serves every GPU (estimate.core's memo: the trace reads only the device)."""
+their rows say so. One trace serves every GPU (estimate.core's memo: the trace reads only the device). Before
+any trace, a combination whose weights, gradients and optimizer state (floor.py, the same at every micro-batch)
+no GPU can hold is listed as not fitting on each, with the figures, and not traced."""
 import time
 from typing import Callable, Optional
 
@@ -9,7 +11,7 @@ from ..config import rules
 from ..config.hardware import load_profile
 from ..config.schema import Config, HardwareConf
 from ..errors import Unsupported
-from . import depth, space
+from . import depth, floor, space
 
 
 def refusals(job: Config, profiles: list[HardwareConf]) -> dict[str, str]:
@@ -31,6 +33,13 @@ def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> t
     refused = refusals(variant, profiles)
     allowed = [p for p in profiles if p.name not in refused]
     rows = [{**base, "gpu": g, "status": "refused", "reason": r} for g, r in refused.items()]
+    # a trace serves every GPU: the floor saves one only where no GPU can hold it
+    if allowed and (held := floor_of(combo, variant, allowed[0], memo)):
+        too_large = {p.name: floor.too_large(held, p) for p in allowed}
+        if all(too_large.values()):
+            rows += [{**base, "gpu": g, "status": "does not fit", "method": "floor (no trace)", "reason": r}
+                     for g, r in too_large.items()]
+            allowed = []
     if not allowed:
         return rows, False
     try:
@@ -46,9 +55,22 @@ def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> t
     return rows, any(r["status"] == "fits" for r in rows)
 
 
-def search(job: Config, progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+def floor_of(combo: dict, variant: Config, profile: HardwareConf, memo: dict) -> dict:
+    """The combination's floor (floor.py), once per what it depends on; {} where it cannot be made (the trace
+    then reports why)."""
+    key = (*floor.key(combo), repr((variant.model, variant.task)), profile.device)
+    if key not in memo:
+        try:
+            memo[key] = floor.held_bytes(variant, profile)
+        except Exception:  # noqa: BLE001 - no floor is no shortcut: the combination is traced as it is
+            memo[key] = {}
+    return memo[key]
+
+
+def search(job: Config, progress: Optional[Callable[[str], None]] = None, memo: Optional[dict] = None) -> list[dict]:
+    """Every row of the plan. `memo` (a dict the caller keeps) holds the traces and floors made."""
     profiles = [load_profile(name) for name in job.plan.hardware]
-    memo, rows, sizes = {}, [], space.micro_batches(job)
+    memo, rows, sizes = {} if memo is None else memo, [], space.micro_batches(job)
     depths = list(job.plan.depths) or None
     for n, combo in enumerate(space.combinations(job), 1):
         started = time.perf_counter()
@@ -70,6 +92,9 @@ def untraced(combo: dict, larger: list[int], m: int, job: Config, found: list[di
         for k in larger:
             status, reason = ("refused", row["reason"]) if row["status"] == "refused" else (
                 "does not fit", f"not traced: micro-batch {m} already did not fit, and memory grows with it")
+            if row.get("method") == "floor (no trace)":
+                reason = row["reason"]
             out.append({**{x: row[x] for x in ("precision", "optim", "checkpointing", "lora", "changes", "gpu")},
-                        "micro_batch": k, "accumulation": job.batch_size // k, "status": status, "reason": reason})
+                        "micro_batch": k, "accumulation": job.batch_size // k, "status": status, "reason": reason,
+                        "method": row["method"] if row.get("method") == "floor (no trace)" else ""})
     return out

@@ -1,0 +1,99 @@
+"""Micro-batches from two traces, at a fixed depth.
+
+Why it holds: the traced step at micro-batch m (accumulation batch_size / m, so two micro-batches measured
+as the trace measures any accumulation of 2 or more) runs the same ops in the same order for every m of 2
+or more, and every tensor it allocates is either of the model (weights, gradients, optimizer state: the same
+bytes at every m) or of the batch (activations, logits, the batch itself: bytes proportional to m), so each
+allocation's bytes, and each op's FLOPs and bytes moved, lie on a line in m. The step at another m is then
+the events of two traces (BASES) with each size read off its line, replayed through the allocator model as a
+traced step's are: peak, reserved and the roofline come out as the trace would give them.
+
+Where it does not: at m = 1 some views over the batch dimension are contiguous already and a copy is not
+made (the events differ), and accumulation 1 measures one micro-batch, not two; those are traced. Where the
+two traces' events do not line up (the same allocations and frees in the same order) or a size is not on an
+integer line, the job is traced as it is. tests/test_planner.py checks a derived step against its full trace.
+"""
+import dataclasses
+import time
+from collections import Counter
+from typing import Optional
+
+from ..config.schema import Config, HardwareConf
+from ..estimate import capture
+from ..estimate.core import assemble, device_key, estimate_job
+from ..run.plan import build_plan
+
+BASES = (2, 4)
+
+
+def at_micro_batch(job: Config, m: int) -> Config:
+    steps = job.batch_size // m
+    return dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, name=f"x{steps}", steps=steps))
+
+
+def derivable(job: Config, m: int) -> bool:
+    """m is not a base, and it and both bases measure two micro-batches (m >= 2, accumulation >= 2)."""
+    return m not in BASES and m >= 2 and all(job.batch_size % k == 0 and job.batch_size // k >= 2 for k in (*BASES, m))
+
+
+def estimate(job: Config, profile: HardwareConf, memo: dict):
+    """The estimate of `job` on `profile`: from its bases' traces where derivable and they line up, else traced."""
+    started, m, key = time.perf_counter(), job.batch_size // job.accumulation.steps, device_key(job, profile)
+    if key in memo or job.accumulation.steps * m != job.batch_size or not derivable(job, m):
+        return estimate_job(job, profile, memo)
+    bases = [at_micro_batch(job, k) for k in BASES]
+    for base in bases:
+        estimate_job(base, profile, memo)
+    traced = on_line(*(memo[device_key(b, profile)] for b in bases), m)
+    flops = between(*(memo[device_key(b, profile)]["flops_per_step"] // b.accumulation.steps for b in bases), m)
+    if traced is None or flops is None:
+        return estimate_job(job, profile, memo)
+    memo[key] = {**traced, "flops_per_step": flops * job.accumulation.steps, "derived_from": BASES}
+    return assemble(job, profile, build_plan(job, profile), memo[key], started)
+
+
+def derived(job: Config, profile: HardwareConf, memo: dict) -> bool:
+    return bool(memo.get(device_key(job, profile), {}).get("derived_from"))
+
+
+def between(a, b, m: int) -> Optional[int]:
+    """The value at m on the line through a at BASES[0] and b at BASES[1]; None off the integers."""
+    lo, hi = BASES
+    num = a * (hi - m) + b * (m - lo)
+    return num // (hi - lo) if num % (hi - lo) == 0 and num >= 0 else None
+
+
+def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
+    """The traced step at m from the bases' traced steps, or None where they do not line up."""
+    if "events" not in low or "events" not in high or low["categories"] != high["categories"]:
+        return None
+    events = lined_up(low["events"], high["events"], m, key=lambda e: e[:2])
+    sequence = lined_up(low["roofline_sequence"], high["roofline_sequence"], m, key=lambda op: op[:2], sizes=(2, 3))
+    if events is None or sequence is None:
+        return None
+    reading = capture.tensor_reading(events, low["categories"])
+    out = {**low, **reading, "optimizer_bytes": low["optimizer_bytes"], "recorded_peak_bytes": reading["peak_bytes"],
+           "events": events, "roofline_sequence": sequence,
+           "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}
+    if "allocator" in low:
+        out["allocator"] = capture.allocator_reading(events, low["categories"])
+    return out
+
+
+def lined_up(low: list, high: list, m: int, key, sizes=(2,)) -> Optional[list]:
+    """The entries at m, each size (at the positions `sizes` of an entry with them) on its line; None where
+    the two lists differ in anything but those sizes."""
+    if len(low) != len(high):
+        return None
+    out = []
+    for a, b in zip(low, high):
+        if key(a) != key(b) or len(a) != len(b):
+            return None
+        entry = list(a)
+        for i in sizes:
+            if i < len(a):
+                entry[i] = between(a[i], b[i], m)
+                if entry[i] is None:
+                    return None
+        out.append(tuple(entry))
+    return out

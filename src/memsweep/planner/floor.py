@@ -1,0 +1,56 @@
+"""What a combination holds at its optimizer step whatever its micro-batch, found without a trace of the step:
+every weight, a gradient of each trainable weight and the optimizer's state. The step needs all three at once
+(optimizer.step reads each gradient and updates the state of each trainable weight), so their sum plus the
+CUDA context is a floor under the device memory the trace would predict (the allocator reserves at least what
+is allocated). A combination whose floor exceeds a GPU's capacity does not fit it at any micro-batch, and is
+listed so without a trace.
+
+The three are measured on the job's own model, not computed from bytes per parameter: the model as the trace
+builds it (meta.traced_model, on fake tensors, with bitsandbytes' 4- or 8-bit weights quantized) and the
+optimizer Trainer would build on it (step.build_optimizer), given a gradient per trainable weight and stepped
+once so it makes its state: the bytes of 8-bit state, Adafactor's factored moments and bitsandbytes' 32-bit
+state for embeddings and small tensors come from the libraries themselves.
+"""
+import torch
+
+from ..config.schema import Config, HardwareConf
+from ..estimate.core import GIB, capacity_bytes
+from ..estimate.meta import traced_model
+from ..estimate.step import build_optimizer, optimizer_spec, state_bytes
+from ..estimate.trace import fake_job
+from ..run.plan import build_plan
+
+
+def held_bytes(job: Config, profile: HardwareConf) -> dict[str, int]:
+    """{weights, grads, optimizer}: bytes of every weight, of a gradient per trainable weight and of the
+    optimizer's state after one step, on the job's model as the trace builds it."""
+    plan = build_plan(job, profile)
+    model = traced_model(job, plan)
+    spec = optimizer_spec(plan, model)
+    with fake_job(job, plan, profile, model) as model:
+        weights = sum(p.untyped_storage().nbytes() for p in model.parameters())  # a tied weight once
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        for p in trainable:
+            p.grad = torch.empty_like(p)
+        optimizer = build_optimizer(plan, model, profile, spec)
+        optimizer.step()
+        return {"weights": weights, "grads": sum(p.grad.untyped_storage().nbytes() for p in trainable),
+                "optimizer": state_bytes(optimizer)}
+
+
+def key(combo: dict) -> tuple:
+    """What the floor depends on: the model's weights (precision, LoRA / quantization) and the optimizer;
+    not checkpointing or the micro-batch."""
+    return ("floor", combo["precision"], combo["optim"], combo["lora"])
+
+
+def too_large(held: dict[str, int], profile: HardwareConf) -> str:
+    """The reason a GPU cannot hold the floor, or "" where it can (or has no stated capacity)."""
+    capacity = capacity_bytes(profile)
+    context = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
+    total = sum(held.values()) + context
+    if capacity is None or total <= capacity:
+        return ""
+    parts = " + ".join(f"{name} {held[name] / GIB:.2f}" for name in ("weights", "grads", "optimizer"))
+    return (f"not traced: {parts} + CUDA context {context / GIB:.2f} = {total / GIB:.2f} GiB, held at the optimizer "
+            f"step whatever the micro-batch, exceed the {capacity / GIB:.2f} GiB")
