@@ -40,6 +40,8 @@ def test_a_micro_batch_from_two_traces_matches_its_full_trace():
     for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
         assert scaled[key] == full[key], key
     assert estimate_job(variant, gpu, memo).reserved_upper_bytes == traced.reserved_upper_bytes
+    # a row's fit is mode=estimate's own: the safe side of packing plus the context, the same margin
+    assert depth.with_fit(full, gpu)["margin_bytes"] == traced.margin_bytes
     assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-9)  # each op's FLOPs and bytes on its line
 
 

@@ -25,10 +25,11 @@ def layers_of(job: Config) -> int:
 
 
 def figures(est) -> dict:
-    """What a plan row reads from an estimate."""
+    """What a plan row reads from an estimate. Reserved on its safe side of packing, as the estimate's own
+    fits and margin take it: a row that fits here fits in `mode=estimate` too."""
     allocated = (est.peak_allocated_bytes or est.peak_bytes) if est.device == "cuda" else est.peak_bytes
-    return {"peak_bytes": est.peak_bytes, "allocated_bytes": allocated,
-            "reserved_bytes": est.peak_reserved_bytes if est.device == "cuda" else est.peak_bytes,
+    reserved = (est.reserved_upper_bytes or est.peak_reserved_bytes) if est.device == "cuda" else est.peak_bytes
+    return {"peak_bytes": est.peak_bytes, "allocated_bytes": allocated, "reserved_bytes": reserved,
             "overhead_bytes": est.overhead_bytes, "step_s": est.predicted_step_s,
             "why_not": est.step_time.get("why_not"), "tokens": est.micro_batch_size * est.accumulation_steps * est.seq_len}
 

@@ -50,7 +50,7 @@ def markdown(rows: list[dict], top=None) -> str:
 
 
 HEADER = ("Predicted, not measured. device_gib: what nvidia-smi would show (the caching allocator's reserved "
-          "bytes, replayed, plus the CUDA context); margin: capacity less that (a fit needs margin >= 0). "
+          "bytes, replayed, on the safe side of packing, plus the CUDA context); margin: capacity less that (a fit needs margin >= 0). "
           "step_s: one optimizer step (micro_batch x accumulation sequences of max_seq_len tokens), a roofline "
           "per op at the profile's datasheet rates (no launch latency or Python time: a lower bound); "
           "tokens_per_s from it. method: how the memory was traced.\n\n")
