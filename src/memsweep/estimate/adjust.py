@@ -116,7 +116,7 @@ def sized(adjustment: Adjustment, plan, trainable: int) -> Adjustment:
     t = plan.techniques
     if not t.deepspeed.on or (t.deepspeed.stage == 0 and not t.precision.autocast):
         return adjustment
-    stage, n = t.deepspeed.stage, plan.nproc
+    stage, n = t.deepspeed.stage, plan.world_size
     partition = trainable // (n if stage >= 1 else 1)
     grad_bytes = t.precision.compute_bytes if t.precision.autocast else 4
     blocks = []
