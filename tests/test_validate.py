@@ -259,3 +259,14 @@ def test_the_estimate_cli_runs_the_same_checks(tmp_path, capsys, no_work):
     }
     for n, (args, key) in enumerate(cases.values()):
         assert_refused(refusal(lambda: estimate_cli(args, tmp_path / str(n)), capsys), key)
+
+
+def test_a_launcher_whose_extra_is_not_installed_is_refused_in_one_line(monkeypatch):
+    from memsweep.config import validate_args
+    from memsweep.errors import ConfigError
+
+    monkeypatch.setitem(validate_args.EXTRA_LAUNCHERS, "ray", ("hydra_plugins.no_such_plugin", "ray"))
+    with pytest.raises(ConfigError, match=r"hydra/launcher: ray needs the `ray` extra.*pip install -e '\.\[ray\]'"):
+        validate_args.arguments(["-m", "hydra/launcher=ray", "optim=adamw,sgd"])
+    monkeypatch.setitem(validate_args.EXTRA_LAUNCHERS, "ray", ("hydra_plugins.memsweep_launchers", "ray"))
+    validate_args.arguments(["-m", "hydra/launcher=ray", "optim=adamw,sgd"])  # installed: Hydra takes it
