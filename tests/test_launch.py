@@ -36,8 +36,9 @@ def test_each_machine_of_several_joins_node_0s_rendezvous_as_its_node_rank(tmp_p
 
 def slurm_task(monkeypatch, procid: int, localid: int, nodeid: int, ntasks: int, nodes: int, nodelist: str):
     """The variables sbatch/srun give one task of a job (the ones submitit's SlurmJobEnvironment reads)."""
-    for key in TORCH_GROUP:  # what export() sets is put back after the test
-        monkeypatch.delenv(key, raising=False)
+    # a copy for the test: export() writes the group's variables straight into os.environ, and a later job
+    # of this process that found them would wait for a group of 4 that never forms
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in TORCH_GROUP})
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     for key, value in {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": ntasks, "SLURM_JOB_NUM_NODES": nodes,
                        "SLURM_NODEID": nodeid, "SLURM_JOB_NODELIST": nodelist, "SLURM_PROCID": procid,
