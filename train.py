@@ -1,5 +1,6 @@
 """memsweep's single entrypoint: `python train.py [group=option ...]`, or `-m` to sweep a grid."""
 import sys
+import warnings
 
 import hydra
 from omegaconf import DictConfig
@@ -11,6 +12,9 @@ from memsweep.sweep.search import register_resolver
 register_configs()
 register_resolver()  # a search's direction follows its metric (conf/hparams_search/optuna.yaml)
 share_config_store_in_repository_copies()  # `--help` in ~1 s instead of 4+ (see the module)
+# conf/hydra/launcher/ray.yaml takes the Ray plugin's name on purpose (`hydra/launcher=ray`), so Hydra checks
+# it against the plugin's own schema, and says each time that such matching is deprecated.
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

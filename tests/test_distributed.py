@@ -1,5 +1,6 @@
 """distributed.nproc=2: one job on two CPU processes started by torchrun (gloo), with DDP, with
-DeepSpeed ZeRO-2/3 and with FSDP2 full_shard, against the same job on one process.
+DeepSpeed ZeRO-2/3 and with FSDP2 full_shard, against the same job on one process; and the same two
+ranks as two "machines" (distributed.nodes=2), each its own train.py and torchrun, joined at a rendezvous.
 
 Dropout off and unbucketed batches: the two ranks then see exactly the two halves of the one-process
 batch, so the losses must match, and ZeRO must leave each rank half the optimizer state; the same ZeRO
@@ -113,3 +114,39 @@ def test_slurm_style_tasks_run_the_ranks_instead_of_torchrun(tmp_path):
     assert res["status"] == "ok", res["reason"]
     assert res["effective"]["world_size"] == 2 and [r["rank"] for r in res["memory"]["per_rank"]] == [0, 1]
     assert not (sweep / "0" / "ranks" / "job.yaml").exists()  # no torchrun: the tasks were the ranks
+
+
+def test_two_nodes_joined_by_torchrun_train_the_two_process_job(tmp_path):
+    # Two "machines" on this one: node 1 is its own `python train.py` (as a person types it on the second
+    # machine), node 0 runs in this process; each starts one rank, and they meet at node 0's 127.0.0.1 port.
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from memsweep.run import procenv, results
+
+    nodes = ["distributed.nodes=2", "distributed.nproc=1", f"distributed.rdzv_endpoint=127.0.0.1:{procenv.free_port()}"]
+    second = subprocess.Popen([sys.executable, "train.py", *BASE, *nodes, "distributed.node_rank=1",
+                               f"hydra.run.dir={tmp_path / 'node1'}"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        first = run_job(BASE + nodes + ["distributed.node_rank=0"], tmp_path / "node0")
+        printed = second.communicate(timeout=300)[0]
+    finally:
+        second.kill()
+    one_node = run_job(BASE + ["distributed.nproc=2"], tmp_path / "one_node")
+    assert second.returncode == 0, printed[-3000:]
+    own = results.read(tmp_path / "node1" / "results.json")
+    assert first["status"] == own["status"] == one_node["status"] == "ok", (first["reason"], own["reason"])
+    assert (first["effective"]["world_size"], first["effective"]["nodes"]) == (2, 2)
+    assert first["metrics"]["train_loss"] == pytest.approx(one_node["metrics"]["train_loss"], rel=1e-5)
+    assert first["metrics"]["f1"] == pytest.approx(one_node["metrics"]["f1"])
+    # global rank 0 is node 0's and gathered both; node 1's job holds its own rank, with its own loss
+    assert [r["rank"] for r in first["memory"]["per_rank"]] == [0, 1] and own["metrics"]["train_loss"] is None
+    assert [r["rank"] for r in own["memory"]["per_rank"]] == [1]
+    assert own["memory"]["per_rank"][0]["train_loss"] == pytest.approx(
+        one_node["memory"]["per_rank"][1]["train_loss"], rel=1e-5)
+    print(f"\ntrain loss: 2 nodes x 1 process {first['metrics']['train_loss']:.6f}, 1 node x 2 processes "
+          f"{one_node['metrics']['train_loss']:.6f}; per rank {[r['train_loss'] for r in first['memory']['per_rank']]} "
+          f"and {[r['train_loss'] for r in one_node['memory']['per_rank']]}")

@@ -35,3 +35,23 @@ def markdown_table(text: str) -> list[dict[str, str]]:
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
     head, _rule, *body = cells
     return [dict(zip(head, row, strict=True)) for row in body]
+
+
+def test_the_estimate_speaks_per_rank_whatever_the_nodes(tmp_path):
+    # two ranks are two ranks, one per machine or both on one: ZeRO partitions the state over both alike
+    # and each rank takes half the batch
+    from conftest import run_job
+
+    base = TINY + ["mode=estimate", "deepspeed=zero2", "batch_size=8"]
+    per_rank = ("micro_batch_size", "peak_bytes", "optimizer_bytes", "grads_bytes", "activations_bytes",
+                "breakdown", "flops_per_step")
+
+    def estimate(*overrides):
+        res = run_job(base + list(overrides), tmp_path / "-".join(overrides or ("alone",)))
+        assert res["status"] == "ok", res["reason"]
+        return {key: res["estimate"][key] for key in per_rank}
+
+    two_nodes, one_node, alone = (estimate("distributed.nodes=2"), estimate("distributed.nproc=2"), estimate())
+    assert two_nodes == one_node
+    assert two_nodes["micro_batch_size"] * 2 == alone["micro_batch_size"]
+    assert two_nodes["optimizer_bytes"] < alone["optimizer_bytes"]  # partitioned over the two machines' ranks

@@ -29,7 +29,7 @@ def test_building_a_plan_has_no_side_effects(overrides):
 
 def test_what_techniques_need_from_other_groups_comes_through_the_plan():
     plan = plan_of(["batch_size=32", "accumulation=x4", "lr=3e-4", "freezing=embeddings"])
-    assert (plan.batch_size, plan.nproc, plan.lr) == (32, 1, 3e-4)
+    assert (plan.batch_size, plan.world_size, plan.lr) == (32, 1, 3e-4)
     assert (plan.micro_batch_size, plan.accumulation_steps) == (8, 4)
     assert plan.args["learning_rate"] == 3e-4 and plan.structure.layers == "bert.encoder.layer"
 

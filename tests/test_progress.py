@@ -73,7 +73,7 @@ def test_durations_read_as_a_person_says_them():
     assert eta.remaining(0, 10, 5.0) is None and eta.remaining(4, 10, 8.0) == pytest.approx(12.0)
 
 
-def test_a_sweeps_size_and_eta_come_from_its_grid_and_its_finished_jobs(capsys):
+def test_a_sweeps_size_and_eta_come_from_its_grid_and_its_finished_jobs(capsys, tmp_path):
     from omegaconf import OmegaConf
 
     from memsweep.sweep import sweepdir
@@ -88,11 +88,19 @@ def test_a_sweeps_size_and_eta_come_from_its_grid_and_its_finished_jobs(capsys):
     announce.on_multirun_start(basic)
     announce.durations = [10.0, 20.0]  # two jobs done: 15 s each on average, jobs 3 and 4 left
     overrides = ["seed=1", "model=tiny", "optim=sgd"]
-    job = OmegaConf.create({"progress": "auto", "hydra": {"job": {"num": 2}, "overrides": {"task": overrides}}})
+    job = OmegaConf.create({"progress": "auto", "hydra": {"job": {"num": 2}, "overrides": {"task": overrides},
+                                                          "runtime": {"output_dir": str(tmp_path)}}})
     announce.on_job_start(job)
     assert capsys.readouterr().out == "[memsweep] job 3/4: seed=1,model=tiny,optim=sgd (ETA for the sweep: 30.0 s)\n"
+    (tmp_path / "results.json").write_text("{}")  # the job ran and wrote its results
     announce.on_job_end(job)
     assert len(announce.durations) == 3
+    # a job a resume skips (its results written before it started) adds no duration of ~0 s to the mean
+    os.utime(tmp_path / "results.json", (0, 0))
+    announce.on_job_start(job)
+    announce.on_job_end(job)
+    assert len(announce.durations) == 3
+    capsys.readouterr()
     job.progress = "none"
     announce.on_job_start(job)
     assert capsys.readouterr().out == ""

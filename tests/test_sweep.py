@@ -161,10 +161,26 @@ def test_submitit_local_runs_a_two_job_sweep_with_the_results_of_the_basic_launc
 @pytest.mark.parametrize("launcher, keys", [
     ("parallel", {"n_jobs": 2}),
     ("local", {"timeout_min": 60}),
-    ("slurm", {"partition": None, "gpus_per_node": 1, "timeout_min": 120, "array_parallelism": 16}),
+    ("slurm", {"partition": None, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 1, "timeout_min": 120,
+               "array_parallelism": 16}),
+    ("ray", {"ray": {"init": {"address": None}, "remote": {"num_cpus": 1}}}),
 ])
 def test_launcher_configs_compose_with_their_documented_keys(launcher, keys):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert {k: cfg.hydra.launcher[k] for k in keys} == keys
     assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
+
+
+@pytest.mark.slow  # a local Ray instance, and a two-job sweep in a subprocess
+def test_ray_runs_a_two_job_sweep_on_a_local_ray_instance(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="the `ray` extra is not installed")
+    one_thread = [o for o in TINY if not o.startswith("threads=")] + ["threads=1"]  # both jobs may run at once
+    sweep_dir = tmp_path / "sweep"
+    done = run_sweep(["hydra/launcher=ray", "optim=adamw,sgd", *one_thread, "max_steps=2",
+                      "+hydra.launcher.ray.init.include_dashboard=false"], sweep_dir, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Started a local Ray instance" in done.stderr + done.stdout
+    assert "(_run_job pid=" in done.stderr + done.stdout  # the jobs printed from Ray's workers
+    assert statuses(sweep_dir, 2) == ["ok", "ok"]
+    assert "2 jobs (2 ok)" in (sweep_dir / "summary.md").read_text()

@@ -37,6 +37,14 @@ CASES = {
     "max steps zero": (["max_steps=0"], "max_steps", "-1 (train for `epochs`)"),
     "momentum above 1": (["optim=sgd", "optim.momentum=1.5"], "optim.momentum", "from 0 to below 1"),
     "no processes": (["distributed.nproc=0"], "distributed.nproc", "an integer > 0"),
+    "no nodes": (["distributed.nodes=0"], "distributed.nodes", "an integer > 0"),
+    "node rank past the nodes": (["distributed.nodes=2", "distributed.node_rank=2",
+                                  "distributed.rdzv_endpoint=127.0.0.1:29500"], "distributed.node_rank", "from 0 to"),
+    "nodes without a rendezvous": (["distributed.nodes=2"], "distributed.rdzv_endpoint", "host:port of node 0"),
+    "rendezvous without a port": (["distributed.nodes=2", "distributed.rdzv_endpoint=node0"],
+                                  "distributed.rdzv_endpoint", "host:port of node 0"),
+    "nodes do not divide the batch": (["distributed.nodes=3", "distributed.rdzv_endpoint=127.0.0.1:29500"],
+                                      "batch_size", "distributed.nodes x distributed.nproc = 3"),
     "zero stage": (["deepspeed=zero2", "deepspeed.stage=4"], "deepspeed.stage", "stage 0, 1, 2 or 3"),
     "negative seed": (["seed=-1"], "seed", "from 0 to 2^32-1"),
     "padding not a divisor": (["data.pad_to_multiple_of=7"], "data.pad_to_multiple_of", "divisor of max_seq_len"),
@@ -251,3 +259,14 @@ def test_the_estimate_cli_runs_the_same_checks(tmp_path, capsys, no_work):
     }
     for n, (args, key) in enumerate(cases.values()):
         assert_refused(refusal(lambda: estimate_cli(args, tmp_path / str(n)), capsys), key)
+
+
+def test_a_launcher_whose_extra_is_not_installed_is_refused_in_one_line(monkeypatch):
+    from memsweep.config import validate_args
+    from memsweep.errors import ConfigError
+
+    monkeypatch.setitem(validate_args.EXTRA_LAUNCHERS, "ray", ("hydra_plugins.no_such_plugin", "ray"))
+    with pytest.raises(ConfigError, match=r"hydra/launcher: ray needs the `ray` extra.*pip install -e '\.\[ray\]'"):
+        validate_args.arguments(["-m", "hydra/launcher=ray", "optim=adamw,sgd"])
+    monkeypatch.setitem(validate_args.EXTRA_LAUNCHERS, "ray", ("hydra_plugins.memsweep_launchers", "ray"))
+    validate_args.arguments(["-m", "hydra/launcher=ray", "optim=adamw,sgd"])  # installed: Hydra takes it

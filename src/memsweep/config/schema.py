@@ -255,8 +255,18 @@ class SearchConf:
 
 @dataclass
 class DistributedConf:
-    nproc: int = 1  # processes (ranks) of one job: torchrun starts them, or Slurm's tasks_per_node
+    nproc: int = 1  # processes (ranks) per node: torchrun starts them, or Slurm's tasks_per_node
+    nodes: int = 1  # machines of one job: Slurm's nodes, or one torchrun per machine joined at rdzv_endpoint
+    # Outside Slurm, with nodes > 1: this machine's place (0 hosts the rendezvous and writes the job's results)
+    # and the host:port of node 0's rendezvous, the same on every machine (torchrun's --node-rank, --rdzv-endpoint).
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None
     backend: str = "auto"  # auto = gloo on CPU, nccl on GPU (Accelerate's choice); else TrainingArguments.ddp_backend
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the job, on all its nodes."""
+        return self.nodes * self.nproc
 
 
 @dataclass

@@ -8,7 +8,9 @@ every mode where they apply without weights (`job`: train.py's jobs, mode=estima
   wrong type for its key, in one line instead of Hydra's many;
 - `config`: keys the schema does not have (Hydra's `+key=value` adds them unchecked), a required value
   left unset (`???`), an interpolation that does not resolve;
-- `ranges`: every number within its meaningful range, and the keys that must agree with each other;
+- `ranges`: every number within its meaningful range, and the keys that must agree with each other
+  (`nodes`: this machine's node_rank among distributed.nodes, the rendezvous's host:port);
+- `rendezvous`: a training job on several nodes outside Slurm names the rendezvous its machines join;
 - free-text keys against what exists, keys of a group that is off, the search's metric against the
   task (validate_names.py);
 - the model as the job will build it, `model.overrides` applied: its limits, the task's head, module
@@ -30,7 +32,7 @@ from .schema import Config, Mode
 from .validate_args import arguments, composition_error, field_type, group_options, known
 
 __all__ = ["arguments", "composition_error", "group_options", "job", "settings", "inputs", "config", "ranges",
-           "data"]
+           "nodes", "rendezvous", "data"]
 
 
 def job(cfg: DictConfig) -> Config:
@@ -55,6 +57,7 @@ def inputs(checked: Config) -> None:
     """What the keys name (schedulers, encodings, modules), the model as it will be built, and for
     training its capacity and the data."""
     validate_names.names(checked)
+    rendezvous(checked)
     validate_model.check(checked)
     if checked.mode == Mode.train:
         validate_model.capacity(checked)
@@ -140,6 +143,7 @@ RANGES: dict[str, Check] = {
     "hardware.tensor_core_multiple": NON_NEGATIVE,
     "measure.warmup_steps": NON_NEGATIVE,
     "distributed.nproc": POSITIVE_INT,
+    "distributed.nodes": POSITIVE_INT,
     "search.max_peak_gib": OPTIONAL_POSITIVE,
     "logger.init_timeout_s": POSITIVE,
 }
@@ -160,16 +164,46 @@ def ranges(job: Config) -> None:
             raise ConfigError(key, f"null is not allowed; allowed: {allowed}")
         if not ok(value):
             raise ConfigError(key, f"{value} is not allowed; allowed: {allowed}")
-    per_step = job.accumulation.steps * job.distributed.nproc
+    nodes(job.distributed)
+    per_step = job.accumulation.steps * job.distributed.world_size
     if job.batch_size % per_step:
-        raise ConfigError("batch_size", f"{job.batch_size} is not divisible by accumulation.steps x distributed.nproc "
-                                        f"= {per_step} (micro-batch = batch_size / both)")
+        raise ConfigError("batch_size", f"{job.batch_size} is not divisible by accumulation.steps x distributed.nodes "
+                                        f"x distributed.nproc = {per_step} (micro-batch = batch_size / all three)")
     shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     targets = job.lora.target_modules
     if not (targets is None or targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets
                                                             and all(isinstance(t, str) for t in targets))):
         raise ConfigError("lora.target_modules", f"{targets!r} is not allowed; allowed: null (the attention's q/k/v "
                                                  "projections), all-linear, or a list of module names")
+
+
+def nodes(dist) -> None:
+    """This machine's place among the job's nodes, and where they meet (torchrun's rendezvous outside Slurm)."""
+    if not 0 <= dist.node_rank < dist.nodes:
+        raise ConfigError("distributed.node_rank", f"{dist.node_rank} is not allowed; allowed: an integer from 0 to "
+                                                   f"distributed.nodes - 1 = {dist.nodes - 1} (this machine's place)")
+    if dist.rdzv_endpoint is not None and _host_port(dist.rdzv_endpoint) is None:
+        raise ConfigError("distributed.rdzv_endpoint", f"{dist.rdzv_endpoint!r} is not allowed; allowed: null or "
+                                                       "host:port of node 0 (port 1-65535), e.g. 10.0.0.1:29500")
+
+
+def rendezvous(job: Config) -> None:
+    """A training job on several nodes outside Slurm needs the rendezvous every machine's torchrun joins
+    (on Slurm the job's node list names it; an estimate joins nothing)."""
+    from ..run import launch
+
+    dist = job.distributed
+    if job.mode == Mode.train and dist.nodes > 1 and dist.rdzv_endpoint is None and launch.task_group() is None:
+        raise ConfigError("distributed.rdzv_endpoint", f"null is not allowed with distributed.nodes={dist.nodes} "
+                                                       "outside Slurm; allowed: host:port of node 0, the same on every "
+                                                       "machine, e.g. distributed.rdzv_endpoint=10.0.0.1:29500")
+
+
+def _host_port(endpoint: str) -> tuple[str, int] | None:
+    host, _, port = endpoint.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return None
+    return host, int(port)
 
 
 def data(job: Config) -> None:

@@ -1,7 +1,8 @@
 """The command line, checked before Hydra composes it (`train.py` and `python -m memsweep.estimate`):
 one line naming the key where Hydra would answer in many lines, or with its lexer's error.
 
-- `group_options`: a `group=option` naming no conf/<group>/<option>.yaml;
+- `group_options`: a `group=option` naming no conf/<group>/<option>.yaml, and a launcher whose plugin
+  is an extra that is not installed (`hydra/launcher=ray`);
 - `characters`: a number typed with a character Python does not read in one: a Unicode minus
   (`3e−4`), a thousands separator (`1,000`, `1 000`), a decimal comma (`0,001`);
 - `typed`: each value of a `key=value` (every value of a sweep) as OmegaConf judges it on the typed
@@ -53,6 +54,8 @@ def group_options(args: list[str]) -> None:
     for arg in args:
         key, sep, value = arg.partition("=")
         group = key.lstrip("+~")
+        if group == "hydra/launcher":
+            launcher_installed(value)
         if arg.startswith("-") or not sep or not group.isidentifier() or not (CONF_DIR / group).is_dir():
             continue  # a flag, a plain key (`lr=...`), `hydra/launcher=...`: Hydra or the schema checks it
         if any(c in value for c in "()[]{}$'\""):
@@ -62,6 +65,21 @@ def group_options(args: list[str]) -> None:
             if name not in options and name != "null":
                 raise ConfigError(group, f"{name!r} is not an option; allowed: {', '.join(options)} "
                                          f"(conf/{group}/*.yaml)")
+
+
+# Launchers whose Hydra plugin is an optional extra of pyproject.toml: option -> (plugin module, extra).
+EXTRA_LAUNCHERS = {"ray": ("hydra_plugins.hydra_ray_launcher", "ray")}
+
+
+def launcher_installed(option: str) -> None:
+    """`hydra/launcher=<option>` whose plugin is not installed: one line naming the extra (Hydra would fail
+    to import its `_target_` after composing the sweep)."""
+    import importlib.util
+
+    module, extra = EXTRA_LAUNCHERS.get(option, (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ConfigError("hydra/launcher", f"{option} needs the `{extra}` extra, which is not installed: "
+                                            f"pip install -e '.[{extra}]' (pyproject.toml)")
 
 
 def _is_minus(ch: str) -> bool:

@@ -96,7 +96,7 @@ def zero(job: Config, plan) -> Adjustment:
     nearest = dataclasses.replace(job, deepspeed=DeepspeedConf())
     if mixed:
         nearest = dataclasses.replace(nearest, precision=PrecisionConf(name=PrecisionName.bf16_true))
-    if stage == 3 and plan.nproc > 1:  # each module's parameters gathered for its use and released after
+    if stage == 3 and plan.world_size > 1:  # each module's parameters gathered for its use and released after
         nearest = dataclasses.replace(nearest, fsdp=FsdpConf(name="full_shard", strategy=FsdpStrategy.full_shard))
     if stage == 0 and not mixed:
         return Adjustment("ZeRO stage 0 in fp32 trains as plain PyTorch: traced without DeepSpeed", nearest)
@@ -107,7 +107,7 @@ def zero(job: Config, plan) -> Adjustment:
                       "with ZeRO's per-process optimizer partition, master weights and gradient buffers added",
                       nearest, host=host, grads_share=0.0 if stage >= 2 else 1.0,
                       flat_optimizer=not (t.deepspeed.offload_optimizer and off_host),
-                      module_units=stage == 3 and plan.nproc > 1, ranks=plan.nproc)
+                      module_units=stage == 3 and plan.world_size > 1, ranks=plan.world_size)
 
 
 def sized(adjustment: Adjustment, plan, model) -> Adjustment:
@@ -118,7 +118,7 @@ def sized(adjustment: Adjustment, plan, model) -> Adjustment:
     if not t.deepspeed.on or (t.deepspeed.stage == 0 and not t.precision.autocast):
         return adjustment
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    stage, n = t.deepspeed.stage, plan.nproc
+    stage, n = t.deepspeed.stage, plan.world_size
     partition = trainable // (n if stage >= 1 else 1)
     grad_bytes = t.precision.compute_bytes if t.precision.autocast else 4
     walked = zero_walk.settings(plan.args["deepspeed"], model, n, grad_bytes)

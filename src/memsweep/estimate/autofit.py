@@ -19,13 +19,13 @@ def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[
     """The largest micro-batch whose estimated total fits the profile's capacity (less `headroom`, a
     fraction of it), with the accumulation steps that keep the effective batch_size.
 
-    Micro-batches divide batch_size / nproc. Without accumulation no gradients are alive during the
+    Micro-batches divide batch_size / ranks (nodes x nproc). Without accumulation no gradients are alive during the
     forward; with it they are (from the previous micro-batch), so the whole batch is tried first and
     the smaller micro-batches, whose memory grows with their size, by bisection.
     """
     capacity, budget = capacity_bytes(profile), autofit_budget(profile, headroom)
     plan = build_plan(job, profile)
-    per_process = plan.batch_size // plan.nproc
+    per_process = plan.batch_size // plan.world_size
     if budget is None:
         return per_process, 1
 

@@ -122,10 +122,10 @@ def notes_for(plan, profile: HardwareConf, adjusted: Optional[str]) -> list[str]
     t, notes = plan.techniques, [f"adjusted trace: {adjusted}"] if adjusted else []
     if t.compile.on:
         notes.append("compile=on is estimated as eager execution")
-    if plan.nproc > 1 and not plan.process_group:  # plain DDP
+    if plan.world_size > 1 and not plan.process_group:  # plain DDP
         notes.append("per process; DDP's gradient buckets are not included")
     if t.fsdp.on and not t.fsdp.offload:
-        notes.append(f"FSDP: rank 0 of {plan.nproc} traced among fake ranks, wrapped as Accelerate wraps the job; "
+        notes.append(f"FSDP: rank 0 of {plan.world_size} traced among fake ranks, wrapped as Accelerate wraps the job; "
                      "checked against real CPU ranks where the peak is in forward or backward. Not matched: at the "
                      "optimizer step a real rank still held a gradient of the largest unit in full, and with "
                      "accumulation the trace holds more than a real rank did")

@@ -1,4 +1,4 @@
-"""FSDP in the trace: one rank of a job sharded over `distributed.nproc` processes, on fake tensors.
+"""FSDP in the trace: one rank of a job sharded over its nodes x nproc processes, on fake tensors.
 
 The ranks are a fake process group (torch's own, the one torch tests FSDP's memory with): collectives
 return tensors of the right shapes and move no data, so one process runs rank 0's step as it would run

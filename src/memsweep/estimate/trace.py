@@ -23,13 +23,13 @@ from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_sp
 
 @contextlib.contextmanager
 def fake_job(job: Config, plan, profile: HardwareConf, model):
-    """The model as the job runs it, on fake tensors: as rank 0 of `distributed.nproc` under FSDP,
+    """The model as the job runs it, on fake tensors: as rank 0 of the job's ranks (nodes x nproc) under FSDP,
     wrapped as Accelerate wraps the real job, and with no bitsandbytes overrides left by earlier jobs."""
     with contextlib.ExitStack() as stack:
         if plan.techniques.fsdp.on:
             # TrainingArguments asked for outside the fake process group (inside, they warn it is not theirs)
             args = trainer_arguments(plan, ("fsdp", "fsdp_config", "bf16", "fp16"))
-            stack.enter_context(sharded.fake_process_group(plan.nproc))
+            stack.enter_context(sharded.fake_process_group(plan.world_size))
             model = sharded.shard(model, args.fsdp_plugin_args, fake.accelerate_dtype(plan))
         model = stack.enter_context(fake.on_fake_tensors(model, plan, profile))
         stack.enter_context(optim.own_bitsandbytes_overrides())

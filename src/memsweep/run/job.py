@@ -60,7 +60,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if (done := resume.skip_if_done(cfg)) is not None:  # a resumed sweep keeps the jobs already done
             return done
         ctx = hydra_context()
-        if cfg.distributed.nproc > 1:
+        if cfg.distributed.nodes * cfg.distributed.nproc > 1:
             from . import launch
 
             if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
@@ -131,7 +131,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
 
         res.estimate = for_job(job, profile)
     hardware.cap_memory(profile)
-    if launch.spans_processes(job):  # torchrun starts the ranks; rank 0's results come back here
+    if launch.spans_processes(job):  # torchrun or Slurm starts the ranks; global rank 0's results come back here
         launch.run_ranks(job, job_dir, res)
     else:
         from .train_loop import train_and_evaluate

@@ -18,7 +18,7 @@ class Plan:
     # Inputs, set by build_plan from outside the technique groups.
     device: str  # "cpu" or "cuda"
     batch_size: int = 1  # effective: micro-batch x accumulation steps x processes
-    nproc: int = 1
+    world_size: int = 1  # ranks of the job: distributed.nodes x distributed.nproc
     lr: float = 1e-4
     task: str = "classification"  # schema.TaskName: LoRA's task type
     structure: Optional[Structure] = None
@@ -53,7 +53,7 @@ def build_plan(job, profile) -> Plan:
     from ..techniques import apply_all, traits_of
     from .structure import for_job
 
-    plan = Plan(device=profile.device, batch_size=job.batch_size, nproc=job.distributed.nproc, lr=job.lr,
+    plan = Plan(device=profile.device, batch_size=job.batch_size, world_size=job.distributed.world_size, lr=job.lr,
                 task=job.task.name.value, structure=for_job(job), techniques=traits_of(job))
     apply_all(job, plan)
     return plan

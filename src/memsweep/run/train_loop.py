@@ -25,12 +25,12 @@ from .results import Result
 from .trainer import BeforeTraining, DivergenceCallback, MemsweepTrainer, StopCallback, WandbLogCallback
 
 
-def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, nproc: int, epochs: float,
+def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, world_size: int, epochs: float,
                     max_steps: int) -> int:
     """Optimizer steps Trainer will take (its own arithmetic: a last partial accumulation counts)."""
     if max_steps > 0:
         return max_steps
-    batches = math.ceil(n_train / (micro_batch * nproc))
+    batches = math.ceil(n_train / (micro_batch * world_size))
     per_epoch = max(1, math.ceil(batches / accumulation))
     return max(1, math.ceil(per_epoch * epochs))
 
@@ -102,7 +102,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
                                                 plan.load_kwargs, task.auto_class(job.task), tokenizer))
 
     steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
-                            plan.nproc, job.epochs, job.max_steps)
+                            plan.world_size, job.epochs, job.max_steps)
     ledger_step = min(job.measure.warmup_steps + 1, steps)
     # the tokens each example is: max_seq_len (the measured step is padded to it), or an image's patches
     seq_len = images.tokens(model.config) if task.images(job.task) else job.max_seq_len

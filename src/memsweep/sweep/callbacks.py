@@ -27,6 +27,7 @@ class JobProgress(Callback):
         self.total: Optional[int] = None
         self.durations: list[float] = []
         self.started: Optional[float] = None
+        self.started_at = 0.0  # the same moment by the wall clock, as file times are
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from . import sweepdir
@@ -34,7 +35,7 @@ class JobProgress(Callback):
         self.in_sweep, self.total = True, sweepdir.size(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.started = time.perf_counter()
+        self.started, self.started_at = time.perf_counter(), time.time()
         if not self.in_sweep or OmegaConf.select(config, "progress") == "none":
             return
         from ..measure import eta
@@ -49,9 +50,17 @@ class JobProgress(Callback):
         print(line, flush=True)
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.started is not None:
+        # A job that wrote no results now was skipped (done before a resume) and took no time of its own:
+        # its ~0 s would make the ETA of the jobs still to run ~0 too.
+        if self.started is not None and self.wrote_results(config):
             self.durations.append(time.perf_counter() - self.started)
-            self.started = None
+        self.started = None
+
+    def wrote_results(self, config: DictConfig) -> bool:
+        from ..run.results import RESULTS_FILE
+
+        written = Path(OmegaConf.select(config, "hydra.runtime.output_dir") or ".") / RESULTS_FILE
+        return written.exists() and written.stat().st_mtime >= self.started_at
 
 
 def _without_hydra(config: DictConfig) -> DictConfig:
