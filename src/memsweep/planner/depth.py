@@ -15,8 +15,8 @@ from typing import Optional
 
 from ..config.schema import Config, HardwareConf
 from ..estimate.core import capacity_bytes
-from . import batch, twin
 from ..estimate.meta import model_config
+from . import batch, twin
 
 
 def layers_of(job: Config) -> int:

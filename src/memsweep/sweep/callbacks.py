@@ -26,8 +26,7 @@ class JobProgress(Callback):
         self.in_sweep = False
         self.total: Optional[int] = None
         self.durations: list[float] = []
-        self.started: Optional[float] = None
-        self.started_at = 0.0  # the same moment by the wall clock, as file times are
+        self.started: Optional[float] = None  # by the wall clock, as the results file's time is
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from . import sweepdir
@@ -35,7 +34,7 @@ class JobProgress(Callback):
         self.in_sweep, self.total = True, sweepdir.size(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.started, self.started_at = time.perf_counter(), time.time()
+        self.started = time.time()
         if not self.in_sweep or OmegaConf.select(config, "progress") == "none":
             return
         from ..measure import eta
@@ -53,14 +52,14 @@ class JobProgress(Callback):
         # A job that wrote no results now was skipped (done before a resume) and took no time of its own:
         # its ~0 s would make the ETA of the jobs still to run ~0 too.
         if self.started is not None and self.wrote_results(config):
-            self.durations.append(time.perf_counter() - self.started)
+            self.durations.append(time.time() - self.started)
         self.started = None
 
     def wrote_results(self, config: DictConfig) -> bool:
         from ..run.results import RESULTS_FILE
 
         written = Path(OmegaConf.select(config, "hydra.runtime.output_dir") or ".") / RESULTS_FILE
-        return written.exists() and written.stat().st_mtime >= self.started_at
+        return written.exists() and written.stat().st_mtime >= self.started
 
 
 def _without_hydra(config: DictConfig) -> DictConfig:
