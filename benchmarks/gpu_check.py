@@ -1,7 +1,8 @@
 """`make gpu-check`: the GPU acceptance run, for whoever has a CUDA GPU.
 
 A small grid (precision fp32/fp16/bf16 x optim adamw/adamw_8bit/adafactor x checkpointing none/full) on
-the embedded MiniLM and on bert-base-sized random weights, a few optimizer steps each, through the
+the embedded MiniLM and on bert-base-sized random weights, and a decoder grid (optim x full/LoRA/QLoRA in
+bf16) on a ~0.2B Llama-style decoder with random weights, a few optimizer steps each, through the
 ordinary `python train.py -m` path with `hardware=auto` (the GPU's own profile). Writes
 benchmarks/GPU.md: per job, predicted against measured for the three counters a GPU has (peak
 allocated, peak reserved, nvidia-smi "used"), the time per step, and the `effective` audit showing
@@ -23,11 +24,17 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 from memsweep.sweep import sweepdir  # noqa: E402
 
 GRID = ["precision=fp32,fp16,bf16", "optim=adamw,adamw_8bit,adafactor", "checkpointing=none,full"]
+# A decoder's grid: the adapters (LoRA, and QLoRA's NF4 weights through bitsandbytes' CUDA kernels) x optim
+DECODER_GRID = ["precision=bf16", "optim=adamw,adamw_8bit", "lora=none,r16,qlora"]
 MODELS = {
-    "minilm": ["model=minilm"],
+    "minilm": GRID + ["model=minilm"],
     # bert-base's shape (110M parameters) with random weights: no download needed
-    "bert-base-random": ["model=tiny", "model.hidden_size=768", "model.num_layers=12", "model.num_heads=12",
-                         "model.intermediate_size=3072"],
+    "bert-base-random": GRID + ["model=tiny", "model.hidden_size=768", "model.num_layers=12", "model.num_heads=12",
+                                "model.intermediate_size=3072"],
+    # a Llama-style decoder of ~0.2B parameters (TinyLlama's widths, 8 layers) with random weights
+    "llama-random": DECODER_GRID + ["task=causal_lm", "model=tiny-llama", "model.hidden_size=2048",
+                                    "model.num_layers=8", "model.num_heads=32", "model.num_kv_heads=4",
+                                    "model.intermediate_size=5632"],
 }
 # Short jobs: the memory ledger is step 2; a few more steps time a step.
 SMALL = ["hardware=auto", "logger=none", "data.train_size=320", "data.eval_size=64", "max_steps=8",
@@ -35,7 +42,7 @@ SMALL = ["hardware=auto", "logger=none", "data.train_size=320", "data.eval_size=
 GIB = 2**30
 # (predicted, measured) results.json fields for each counter; a prediction the estimate does not make is "–"
 COUNTERS = {
-    "allocated": ("estimate.peak_bytes", "memory.cuda_max_allocated"),
+    "allocated": ("estimate.peak_allocated_bytes", "memory.cuda_max_allocated"),
     "reserved": ("estimate.peak_reserved_bytes", "memory.cuda_max_reserved"),
     "used": ("estimate.device_used_bytes", "memory.device_used_bytes"),
 }
@@ -55,12 +62,16 @@ def rows(model: str, jobs: list[sweepdir.SweepJob]) -> list[dict[str, Any]]:
     """One row per job of a model's sweep: what varied, the status, the counters and the audit."""
     out = []
     for job in jobs:
-        row: dict[str, Any] = {"model": model, **sweepdir.as_dict(job.overrides), "status": job.status}
+        # the grid's name last: a model=... override must not replace it
+        row: dict[str, Any] = {**sweepdir.as_dict(job.overrides), "model": model, "status": job.status}
         for name, (predicted_key, measured_key) in COUNTERS.items():
             predicted, measured = job.get(predicted_key), job.get(measured_key)
             row[f"{name} predicted GiB"] = _gib(predicted)
             row[f"{name} measured GiB"] = _gib(measured)
             row[f"{name} error"] = _error(predicted, measured)
+        # the safe side of packing, which fits and autofit use: it should not be below the measured reserved
+        row["reserved upper error"] = _error(job.get("estimate.reserved_upper_bytes"), job.get("memory.cuda_max_reserved"))
+        row["context measured GiB"] = _gib(job.get("memory.cuda_context_bytes"))  # "used" beside the allocator
         step = job.get("time.step_s_median")
         row["ms/step"] = "–" if step is None else f"{step * 1e3:.1f}"
         row.update({key: str(job.get(f"effective.{key}")) for key in AUDIT})
@@ -72,6 +83,7 @@ def rows(model: str, jobs: list[sweepdir.SweepJob]) -> list[dict[str, Any]]:
 
 def table(all_rows: list[dict[str, Any]]) -> str:
     frame = pd.DataFrame(all_rows).fillna("")
+    frame = frame[["model"] + [column for column in frame.columns if column != "model"]]
     return frame.to_markdown(index=False, disable_numparse=True)
 
 
@@ -90,7 +102,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "GPU.md")
     parser.add_argument("--sweeps", type=Path, default=ROOT / "multirun" / "gpu-check")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"a comma-separated subset of {', '.join(MODELS)}")
     args = parser.parse_args(argv)
+    if unknown := set(args.models.split(",")) - set(MODELS):
+        parser.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(MODELS)}")
     import torch
 
     if not torch.cuda.is_available():
@@ -99,13 +114,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     gpu = torch.cuda.get_device_name(0)
     all_rows = []
-    for model, overrides in MODELS.items():
+    for model in args.models.split(","):
+        overrides = MODELS[model]
         sweep_dir = args.sweeps / model
-        command = [sys.executable, "train.py", "-m", *GRID, *overrides, *SMALL, f"hydra.sweep.dir={sweep_dir}"]
+        command = [sys.executable, "train.py", "-m", *overrides, *SMALL, f"hydra.sweep.dir={sweep_dir}"]
         print("gpu-check: " + " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=ROOT)  # a failed job is a row; the sweep's own exit code is not ours
         all_rows += rows(model, sweepdir.collect(sweep_dir))
-    write_report(args.out, all_rows, gpu, "make gpu-check")
+        label = "make gpu-check" if args.models == ",".join(MODELS) else f"benchmarks/gpu_check.py --models {args.models}"
+        write_report(args.out, all_rows, gpu, label)  # after each model: a cut-short run keeps its rows
     print(f"gpu-check: {args.out}")
     return 0
 

@@ -267,11 +267,16 @@ def test_cublas_workspace_is_a_block_alive_through_the_step(monkeypatch):
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert capture.cublas_workspace_bytes() == 4096 * 1024 * 2 + 16 * 1024 * 8 == 8_519_680
+    # Hopper's default, as an H200 step's snapshot shows it; other GPUs keep the common one
+    assert capture.cublas_workspace_bytes(9.0) == 32 * 2**20 and capture.cublas_workspace_bytes(8.0) == 8_519_680
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     assert capture.cublas_workspace_bytes() == 32 * 2**20
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+    assert capture.cublas_workspace_bytes(9.0) == 8_519_680  # the variable wins over the default
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     model = torch.nn.Linear(4, 4)
-    with capture.Recorder(capture.alive_at_step(model, torch.optim.SGD(model.parameters()))) as recorder:
+    with capture.Recorder(capture.alive_at_step(model, torch.optim.SGD(model.parameters()),
+                                                capture.cublas_workspace_bytes())) as recorder:
         pass
     sizes = [e[2] for e in recorder.events if e[0] == "alloc"]
     # weight, bias, then the training thread's and the autograd thread's workspaces (no state for SGD)
@@ -295,10 +300,10 @@ def test_a_4bit_weight_brings_its_block_scales_and_8bit_state_its_maps_once():
         optimizer = bnb.optim.AdamW8bit(head.parameters())
         head(torch.randn(2, 128)).sum().backward()
         optimizer.step()
-    with capture.Recorder(capture.alive_at_step(model, optimizer)) as recorder:
+    workspace = capture.cublas_workspace_bytes()
+    with capture.Recorder(capture.alive_at_step(model, optimizer, workspace)) as recorder:
         pass
     sizes = [e[2] for e in recorder.events if e[0] == "alloc"]
-    workspace = capture.cublas_workspace_bytes()
     # packed 4-bit weight, one fp32 scale per 64 values, the 16-value NF4 code; the head's weight;
     # the workspace, the head's gradient; its two uint8 states, two block-scale vectors and two maps once
     assert sizes[:6] == [128 * 256 // 2, 128 * 256 // 64 * 4, 16 * 4, 4096 * 128 * 4, workspace, workspace]

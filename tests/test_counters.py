@@ -63,3 +63,18 @@ def test_an_nvml_failure_is_an_unknown_figure(monkeypatch):
 def test_a_refused_job_loads_no_torch_to_ask(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch")
     assert counters.cuda_peaks() == (None, None) and counters.device_used() is None
+
+
+def test_the_peak_used_is_the_peak_reserved_plus_what_the_allocator_does_not_hold(monkeypatch):
+    """NVML reads the present: after Trainer emptied the cache "used" is below its peak, which is the
+    allocator's peak plus the context and libraries beside it."""
+    fake_nvml(monkeypatch, used=5 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 4 * 2**30)  # the cache partly emptied
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 9 * 2**30)
+    assert counters.device_used_peak() == (10 * 2**30, 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert counters.device_used_peak() == (None, None)

@@ -11,17 +11,19 @@ from memsweep.techniques import precision
 from memsweep.config.schema import HardwareConf
 
 
-def fake_gpu(monkeypatch, name: str, gib: float, major: int, bf16: bool):
+def fake_gpu(monkeypatch, name: str, gib: float, major: int, bf16: bool, minor: int = 6):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: SimpleNamespace(name=name, total_memory=int(gib * 2**30), major=major))
+                        lambda i: SimpleNamespace(name=name, total_memory=int(gib * 2**30), major=major,
+                                                            minor=minor))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
 
 
 @pytest.mark.parametrize("name, option", [("Tesla T4", "t4"), ("NVIDIA A10G", "a10g"),
                                           ("NVIDIA A100-SXM4-40GB", "a100_40gb"),
                                           ("NVIDIA A100-SXM4-80GB", "a100_80gb"), ("NVIDIA A100 80GB PCIe", "a100_80gb"),
-                                          ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA GeForce RTX 3090", "rtx3090"),
+                                          ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                          ("NVIDIA GeForce RTX 3090", "rtx3090"),
                                           ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA L4", "l4"),
                                           ("NVIDIA L40S", None), ("NVIDIA GeForce RTX 3080", None)])
 def test_gpu_names_map_to_their_profile(name, option):
@@ -42,6 +44,7 @@ def test_auto_on_an_unknown_gpu_takes_its_properties(monkeypatch):
     profile = hardware.detect(HardwareConf())
     assert profile.name == "auto:NVIDIA GeForce RTX 3080" and profile.memory_gib == pytest.approx(10.0)
     assert (profile.bf16, profile.tf32, profile.tensor_core_multiple) == (True, True, 64)
+    assert profile.compute_capability == pytest.approx(8.6)  # picks the cuBLAS workspace the trace replays
 
 
 def test_a_named_profile_is_kept_and_no_gpu_means_the_cpu(monkeypatch):

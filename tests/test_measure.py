@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed._tools import mod_tracker
 from torch.distributed._tools.mod_tracker import ModTracker
 
 from memsweep.measure.ledger import CATEGORIES, LedgerTracker, _NoHook, optimizer_state_bytes
@@ -68,6 +69,8 @@ def test_memtracker_still_has_what_ledgertracker_relies_on():
     for name in INSTANCE_FIELDS:
         assert hasattr(tracker, name), f"torch's MemTracker no longer sets self.{name}: LedgerTracker reads it"
     assert isinstance(tracker._mod_tracker, ModTracker)
+    assert callable(getattr(mod_tracker, "register_multi_grad_hook", None)), \
+        "torch's mod_tracker no longer calls register_multi_grad_hook: LedgerTracker removes the hooks it makes"
     for name in MOD_TRACKER:
         assert hasattr(tracker._mod_tracker, name), f"torch's ModTracker has no {name} any more"
     # measure.CATEGORIES names the snapshot keys: a renamed category would vanish from every breakdown
@@ -139,3 +142,21 @@ def test_stock_memtracker_refuses_what_ledgertracker_handles():
     with pytest.raises(NotImplementedError, match="multiple iterative calls"), stock:
         for _ in range(2):
             loss_of(model, *batch()).backward()
+
+
+def test_a_job_leaves_no_model_behind(tiny_job, monkeypatch):
+    """Every job of an in-process sweep frees its model: the tracker's autograd hooks would otherwise keep
+    each job's parameters (and on a GPU their memory) for the rest of the process."""
+    import gc
+    import weakref
+
+    from memsweep.run import model as model_mod
+
+    loaded = []
+    load = model_mod.load_model
+    monkeypatch.setattr(model_mod, "load_model", lambda *a, **k: loaded.append(m := load(*a, **k)) or m)
+    tiny_job("max_steps=2", "measure.estimate=false")
+    assert len(loaded) == 1 and mod_tracker.register_multi_grad_hook is torch.autograd.graph.register_multi_grad_hook
+    weights = [weakref.ref(p) for p in loaded.pop().parameters()]
+    gc.collect()
+    assert not [w for w in weights if w() is not None]

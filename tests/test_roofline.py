@@ -33,7 +33,7 @@ def test_profiles_carry_memory_and_host_link_bandwidth():
     from memsweep.config.hardware import load_profile
 
     expected = {"t4": (320, 15.75), "rtx4090": (1008, 31.5), "a100_40gb": (1555, 31.5), "a100_80gb": (2039, 31.5),
-                "h100": (3350, 63.0)}
+                "h100": (3350, 63.0), "h200": (4800, 63.0)}
     for name, (memory, host) in expected.items():
         profile = load_profile(name)
         assert (profile.memory_gbs, profile.host_link_gbs) == (memory, host), name

@@ -12,7 +12,7 @@ from .schema import HardwareConf
 # GPU name fragment (as torch.cuda.get_device_name reports it) -> profile option in conf/hardware/,
 # for `hardware=auto`; the longest fragment that matches wins ("A100 80GB" before "A100").
 KNOWN_GPUS = {"T4": "t4", "A10G": "a10g", "A100-SXM4-80GB": "a100_80gb", "A100 80GB": "a100_80gb",
-              "A100": "a100_40gb", "H100": "h100", "RTX 3090": "rtx3090", "RTX 4090": "rtx4090", "L4": "l4"}
+              "A100": "a100_40gb", "H100": "h100", "H200": "h200", "RTX 3090": "rtx3090", "RTX 4090": "rtx4090", "L4": "l4"}
 
 
 def profile_option(gpu_name: str) -> Optional[str]:
@@ -62,7 +62,8 @@ def detect(cfg: HardwareConf) -> HardwareConf:
         else:
             profile = replace(cfg, name=f"auto:{props.name}", device="cuda", memory_gib=props.total_memory / 2**30,
                               bf16=torch.cuda.is_bf16_supported(), fp16=True, tf32=props.major >= 8,
-                              tensor_core_multiple=64 if props.major >= 8 else 8)
+                              tensor_core_multiple=64 if props.major >= 8 else 8,
+                              compute_capability=props.major + props.minor / 10)
     else:
         profile = replace(cfg, name="auto:cpu", device="cpu", bf16=True, fp16=True, tf32=False)
     if profile.device == "cpu":

@@ -199,6 +199,8 @@ class HardwareConf:
     # profile: the roofline's rates (estimate/roofline.py); null on a CPU = measured there at start-up.
     memory_gbs: Optional[float] = None
     host_link_gbs: Optional[float] = None
+    # major.minor of a CUDA GPU (9.0 = Hopper): null on a CPU; detected on a GPU without a profile
+    compute_capability: Optional[float] = None
 
 
 @dataclass

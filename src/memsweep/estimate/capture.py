@@ -29,7 +29,7 @@ import math
 import os
 import re
 import weakref
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
@@ -154,11 +154,19 @@ class Recorder(TorchDispatchMode):
         return out
 
 
-def cublas_workspace_bytes() -> int:
-    """cuBLAS's workspace for the training stream: CUBLAS_WORKSPACE_CONFIG's ":KiB:count" pairs, by
-    default ":4096:2:16:8" (PyTorch's CublasHandlePool.cpp), 8,519,680 bytes: the block a memory
-    snapshot shows after the first matmul. Hopper GPUs get a larger default, not modelled here."""
-    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+# PyTorch's default CUBLAS_WORKSPACE_CONFIG (CublasHandlePool.cpp, getChosenWorkspaceSize): 8,519,680
+# bytes, and 32 MiB on compute capability 9.0 (Hopper), where cuBLAS asks for more. Both are the blocks
+# memory snapshots show at the first matmul: a public one's two 8,519,680-byte blocks, and two
+# 33,554,432-byte blocks in a bert-base step on an H200 with torch 2.11 (benchmarks/GPU.md).
+DEFAULT_WORKSPACE_CONFIG = ":4096:2:16:8"
+HOPPER_WORKSPACE_CONFIG = ":4096:8"
+
+
+def cublas_workspace_bytes(compute_capability: Optional[float] = None) -> int:
+    """cuBLAS's workspace for the training stream: CUBLAS_WORKSPACE_CONFIG's ":KiB:count" pairs, else
+    PyTorch's default for the GPU's compute capability."""
+    default = HOPPER_WORKSPACE_CONFIG if compute_capability == 9.0 else DEFAULT_WORKSPACE_CONFIG
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", default)
     pairs = re.findall(r":(\d+):(\d+)", config)
     return sum(int(kib) * 1024 * int(count) for kib, count in pairs)
 
@@ -172,11 +180,11 @@ def cublas_workspace_bytes() -> int:
 CUDA_WORKSPACES_PER_STEP = 2
 
 
-def alive_at_step(model, optimizer, workspace: bool = True) -> list[tuple[str, Any]]:
+def alive_at_step(model, optimizer, workspace: int = 0) -> list[tuple[str, Any]]:
     """What a measured step starts with, by category, in the order it was allocated on a GPU: the weights
     and buffers as model.to("cuda") makes them (Module._apply: children first, then a module's own
     parameters, then its buffers), cuBLAS's workspaces (the first forward's and the first backward's first
-    matmul; `workspace`),
+    matmul; `workspace` bytes each, 0 for none),
     gradients if any are kept, then the optimizer's state (made by the first step). Ints are blocks
     without a tensor."""
     def load_order(module):
@@ -194,7 +202,7 @@ def alive_at_step(model, optimizer, workspace: bool = True) -> list[tuple[str, A
     # bitsandbytes gives every parameter's state the same quantization maps: each tensor once
     state = {id(v): ("optimizer", sharded.local(v)) for s in (optimizer.state.values() if optimizer else ())
              for v in s.values() if isinstance(v, torch.Tensor)}
-    workspaces = [("workspace", cublas_workspace_bytes())] * (CUDA_WORKSPACES_PER_STEP if workspace else 0)
+    workspaces = [("workspace", workspace)] * (CUDA_WORKSPACES_PER_STEP if workspace else 0)
     return loaded + workspaces + grads + list(state.values())
 
 

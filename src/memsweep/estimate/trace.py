@@ -36,6 +36,11 @@ def fake_job(job: Config, plan, profile: HardwareConf, model):
         yield model
 
 
+def workspace_bytes(profile: HardwareConf) -> int:
+    """The cuBLAS workspace a GPU job's matmuls allocate (each handle's first); none on a CPU."""
+    return capture.cublas_workspace_bytes(profile.compute_capability) if profile.device == "cuda" else 0
+
+
 def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[adjust.Adjustment] = None,
           ) -> dict[str, Any]:
     """The ledger of one training step of `model` (meta.traced_model of `job`, the adjustment's nearest
@@ -48,7 +53,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
         recorder = capture.Recorder(capture.alive_at_step(model, inner_optimizer(optimizer) if optimizer else None,
-                                                          workspace=profile.device == "cuda"))
+                                                          workspace=workspace_bytes(profile)))
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, *([optimizer] if optimizer else []))
         forward = [lambda: fake.save_on_host(recorder)] if adjustment and adjustment.save_on_host else None

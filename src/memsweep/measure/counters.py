@@ -54,6 +54,19 @@ def device_used() -> Optional[int]:
         return None
 
 
+def device_used_peak() -> tuple[Optional[int], Optional[int]]:
+    """(the job's peak "used", the part of "used" that is not the caching allocator's: the CUDA context
+    and the libraries' own memory); (None, None) without CUDA or NVML. NVML reads the present only, and
+    Trainer empties the allocator's cache after training (accelerate's free_memory), so "used" at the end
+    is below its peak: the peak is max_memory_reserved plus what "used" holds beside the allocator,
+    read at one moment (that part is made at the first kernels and handles and does not shrink)."""
+    if (used := device_used()) is None:
+        return None, None
+    cuda = _cuda()
+    beside = max(0, used - cuda.memory_reserved())
+    return cuda.max_memory_reserved() + beside, beside
+
+
 def _pci_bus_id(cuda) -> str:
     """The device's PCI address as NVML spells it: CUDA and NVML number devices differently (and
     CUDA_VISIBLE_DEVICES renumbers them), the bus address is the same in both."""

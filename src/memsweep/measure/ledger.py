@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+from torch.distributed._tools import mod_tracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import TrainerCallback
 
@@ -37,6 +38,30 @@ class LedgerTracker(MemTracker):
         self.category_max: dict[str, int] = {}
         self.root = root  # the model Trainer calls; its forward's end is where activations are counted
         self.saved_activations = 0
+
+    def __enter__(self) -> "LedgerTracker":
+        # ModTracker puts multi-grad hooks on module inputs and outputs and drops their handles. Each
+        # hook's closure holds the autograd nodes it is registered on (register_multi_grad_hook's
+        # grad_fns): a cycle through C++ that gc cannot collect, and the nodes hold the parameters
+        # (AccumulateGrad). Unremoved, every job of an in-process sweep kept its model: on a GPU each
+        # job's max_memory_allocated counted the weights of all the jobs before it.
+        self._multi_grad_handles: list = []
+        self._register_multi_grad_hook = register = mod_tracker.register_multi_grad_hook
+
+        def recording(*args, **kwargs):
+            handle = register(*args, **kwargs)
+            self._multi_grad_handles.append(handle)
+            return handle
+
+        mod_tracker.register_multi_grad_hook = recording
+        return super().__enter__()
+
+    def __exit__(self, *args) -> None:
+        super().__exit__(*args)
+        mod_tracker.register_multi_grad_hook = self._register_multi_grad_hook
+        for handle in self._multi_grad_handles:  # the step's backward has run: they have nothing left to do
+            handle.remove()
+        self._multi_grad_handles.clear()
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
         for p in module.parameters():

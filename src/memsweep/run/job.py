@@ -181,7 +181,7 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
         res.time.total_s = round(time.perf_counter() - started, 3)
         res.memory.process_peak_rss = counters.process_peak_rss()
         res.memory.cuda_max_allocated, res.memory.cuda_max_reserved = counters.cuda_peaks()
-        res.memory.device_used_bytes = counters.device_used()  # before the cache is emptied below
+        res.memory.device_used_bytes, res.memory.cuda_context_bytes = counters.device_used_peak()
         saved = res.to_dict()
         results.write(ctx.job_dir / results.RESULTS_FILE, saved)
         if wandb_run is not None:

@@ -80,7 +80,8 @@ class Memory(Section):
     device: Optional[str] = None
     cuda_max_allocated: Optional[int] = None
     cuda_max_reserved: Optional[int] = None
-    device_used_bytes: Optional[int] = None  # nvidia-smi's "used" (NVML) at the end of the job: its peak
+    device_used_bytes: Optional[int] = None  # nvidia-smi's "used" (NVML) at its peak (counters.device_used_peak)
+    cuda_context_bytes: Optional[int] = None  # what "used" holds beside the caching allocator: context, libraries
     process_peak_rss: Optional[int] = None
     per_rank: Optional[list[dict[str, Any]]] = None  # multi-process jobs: each rank's ledger
 
