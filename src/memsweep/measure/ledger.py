@@ -40,17 +40,15 @@ class LedgerTracker(MemTracker):
         self.saved_activations = 0
 
     def __enter__(self) -> "LedgerTracker":
-        # ModTracker puts multi-grad hooks on module inputs and outputs and drops their handles. Each
-        # hook's closure holds the autograd nodes it is registered on (register_multi_grad_hook's
-        # grad_fns): a cycle through C++ that gc cannot collect, and the nodes hold the parameters
-        # (AccumulateGrad). Unremoved, every job of an in-process sweep kept its model: on a GPU each
-        # job's max_memory_allocated counted the weights of all the jobs before it.
+        # ModTracker puts multi-grad hooks on module inputs and outputs and drops their handles; each hook's
+        # closure holds the autograd nodes it is on (register_multi_grad_hook's grad_fns), a cycle through
+        # C++ that gc cannot collect, and the nodes hold the parameters. Unremoved, every job of an
+        # in-process sweep kept its model (on a GPU, in the next jobs' max_memory_allocated).
         self._multi_grad_handles: list = []
         self._register_multi_grad_hook = register = mod_tracker.register_multi_grad_hook
 
         def recording(*args, **kwargs):
-            handle = register(*args, **kwargs)
-            self._multi_grad_handles.append(handle)
+            self._multi_grad_handles.append(handle := register(*args, **kwargs))
             return handle
 
         mod_tracker.register_multi_grad_hook = recording
