@@ -12,6 +12,9 @@ from wandb_records import find_run_file, run_contents
 
 from memsweep.run import results
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("job")
+
 REQUIRED = {
     "metrics": ["f1", "accuracy", "train_loss", "eval_loss"],
     "time": ["train_s", "total_s", "samples_per_s", "tokens_per_s"],
