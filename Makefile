@@ -28,9 +28,11 @@ train: $(STAMP)
 # Two pytest-xdist workers, one torch thread each (tests/conftest.py): most tests are short jobs bound by
 # Python, so two at a time halve the suite's wall time on 2 cores. TEST_WORKERS=0 runs them in one process.
 # The 25 slowest are listed at the end: where the suite's time goes, in every CI log.
+# --dist loadgroup: the tests of a module marked xdist_group (one whose module fixture runs several jobs)
+# go to one worker, so the fixture runs once instead of once per worker; the groups start first.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # A small grid on the embedded default (MiniLM, 2,000 tweets): precision x optim, 2-4 jobs, about 3-5 min
 # on 2 CPU cores; prints the summary table at the end. The precision axis is fp32, plus bf16 where this

@@ -79,7 +79,12 @@ def run_job(overrides, job_dir: Path, multirun: bool = False, exits: bool = Fals
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the `gpu` tests on a machine without CUDA (collected and reported as skipped, not hidden)."""
+    """The modules that hold `slow` tests first, each kept whole (its module fixture then runs once), so that
+    pytest-xdist's workers start the long tests early and end on short ones, not one worker on a long test
+    while the other waits; skip the `gpu` tests on a machine without CUDA (collected and reported as
+    skipped, not hidden)."""
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.module not in slow_modules)  # stable: the order within stays
     if torch.cuda.is_available():
         return
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False")

@@ -11,6 +11,9 @@ import pytest
 import torch
 from conftest import THREADS, build_job, run_job
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("decoders")
+
 V, H, I, LAYERS = 30522, 64, 128, 2  # tiny-llama: vocabulary, hidden, MLP width, blocks
 KV = 2 * (H // 4)  # key/value width: 2 KV heads of head dim 16 (grouped-query attention)
 TABLE = V * H  # the token embedding, and as many in tiny-llama's own (untied) lm_head

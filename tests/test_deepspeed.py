@@ -4,6 +4,9 @@ measured peak."""
 import pytest
 from conftest import TINY, run_job, train_logging_every_step
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("deepspeed")
+
 EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
 
 

@@ -17,12 +17,28 @@ BASE = ["model=tiny", "data.train_size=128", "data.eval_size=64", "logger=none",
         "model.dropout=0", "dataloader.group_by_length=false", "measure.estimate=false"]
 
 
-@pytest.mark.parametrize("sharding, shards_state", [("deepspeed=none", False), ("deepspeed=zero2", True),
-                                                    ("deepspeed=zero3", True), ("fsdp=full_shard", True)])
-def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(sharding, shards_state, tmp_path):
+# The two-node test compares with the same DDP job: both run on one worker (`make test`: --dist loadgroup)
+ONE_NODE = pytest.mark.xdist_group("one_node_ddp")
+
+
+@pytest.fixture(scope="module")
+def one_node_ddp(tmp_path_factory):
+    """The job on one node of two processes with DDP (deepspeed=none): the two-process test's first case and the
+    two-node test's reference, run once for both."""
+    return run_job(BASE + ["distributed.nproc=2"], tmp_path_factory.mktemp("one_node"))
+
+
+@pytest.mark.parametrize("sharding, shards_state", [pytest.param("deepspeed=none", False, marks=ONE_NODE),
+                                                    ("deepspeed=zero2", True), ("deepspeed=zero3", True),
+                                                    ("fsdp=full_shard", True)])
+def test_two_processes_train_the_one_process_job_and_zero_halves_the_state(sharding, shards_state, tmp_path,
+                                                                           request):
     one = run_job(BASE + [sharding], tmp_path / "one")
     zero = sharding.startswith("deepspeed=zero")  # its estimate is checked on this job, each rank (below)
-    two = run_job(BASE + [sharding, "distributed.nproc=2", f"measure.estimate={zero}"], tmp_path / "two")
+    if sharding == "deepspeed=none":
+        two = request.getfixturevalue("one_node_ddp")
+    else:
+        two = run_job(BASE + [sharding, "distributed.nproc=2", f"measure.estimate={zero}"], tmp_path / "two")
     assert one["status"] == two["status"] == "ok", (one["reason"], two["reason"])
     assert (two["effective"]["world_size"], two["effective"]["backend"]) == (2, "gloo")
     assert two["effective"]["micro_batch_size"] == one["effective"]["micro_batch_size"] // 2
@@ -116,7 +132,8 @@ def test_slurm_style_tasks_run_the_ranks_instead_of_torchrun(tmp_path):
     assert not (sweep / "0" / "ranks" / "job.yaml").exists()  # no torchrun: the tasks were the ranks
 
 
-def test_two_nodes_joined_by_torchrun_train_the_two_process_job(tmp_path):
+@ONE_NODE
+def test_two_nodes_joined_by_torchrun_train_the_two_process_job(tmp_path, one_node_ddp):
     # Two "machines" on this one: node 1 is its own `python train.py` (as a person types it on the second
     # machine), node 0 runs in this process; each starts one rank, and they meet at node 0's 127.0.0.1 port.
     import subprocess
@@ -135,18 +152,18 @@ def test_two_nodes_joined_by_torchrun_train_the_two_process_job(tmp_path):
         printed = second.communicate(timeout=300)[0]
     finally:
         second.kill()
-    one_node = run_job(BASE + ["distributed.nproc=2"], tmp_path / "one_node")
     assert second.returncode == 0, printed[-3000:]
     own = results.read(tmp_path / "node1" / "results.json")
-    assert first["status"] == own["status"] == one_node["status"] == "ok", (first["reason"], own["reason"])
+    assert first["status"] == own["status"] == one_node_ddp["status"] == "ok", (first["reason"], own["reason"])
     assert (first["effective"]["world_size"], first["effective"]["nodes"]) == (2, 2)
-    assert first["metrics"]["train_loss"] == pytest.approx(one_node["metrics"]["train_loss"], rel=1e-5)
-    assert first["metrics"]["f1"] == pytest.approx(one_node["metrics"]["f1"])
+    assert first["metrics"]["train_loss"] == pytest.approx(one_node_ddp["metrics"]["train_loss"], rel=1e-5)
+    assert first["metrics"]["f1"] == pytest.approx(one_node_ddp["metrics"]["f1"])
     # global rank 0 is node 0's and gathered both; node 1's job holds its own rank, with its own loss
     assert [r["rank"] for r in first["memory"]["per_rank"]] == [0, 1] and own["metrics"]["train_loss"] is None
     assert [r["rank"] for r in own["memory"]["per_rank"]] == [1]
     assert own["memory"]["per_rank"][0]["train_loss"] == pytest.approx(
-        one_node["memory"]["per_rank"][1]["train_loss"], rel=1e-5)
+        one_node_ddp["memory"]["per_rank"][1]["train_loss"], rel=1e-5)
     print(f"\ntrain loss: 2 nodes x 1 process {first['metrics']['train_loss']:.6f}, 1 node x 2 processes "
-          f"{one_node['metrics']['train_loss']:.6f}; per rank {[r['train_loss'] for r in first['memory']['per_rank']]} "
-          f"and {[r['train_loss'] for r in one_node['memory']['per_rank']]}")
+          f"{one_node_ddp['metrics']['train_loss']:.6f}; per rank "
+          f"{[r['train_loss'] for r in first['memory']['per_rank']]} "
+          f"and {[r['train_loss'] for r in one_node_ddp['memory']['per_rank']]}")

@@ -15,6 +15,9 @@ from memsweep.estimate import __main__ as cli
 from memsweep.estimate import autofit, core, table
 from memsweep.errors import Unsupported
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("estimate")
+
 # Tiny model, two optimizer steps; the ledger's step is padded to 128 tokens so that activations
 # outweigh the optimizer step in some rows and not in others.
 BASE = ["model=tiny", "data.train_size=32", "data.eval_size=16", "logger=none", "threads=1", "max_steps=2",

@@ -11,6 +11,9 @@ from memsweep.run import procenv
 from memsweep.run.plan import build_plan
 from memsweep.run.train_loop import release, training_arguments
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("fsdp")
+
 EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
 WORD_EMBEDDING_BYTES = 30522 * 64 * 4  # model=tiny: vocab x hidden, fp32
 

@@ -13,19 +13,19 @@ BIG_EMBEDDING = ["model=tiny", "model.hidden_size=384", "model.num_heads=6", "mo
                  "logger=none", "measure.estimate=false", "threads=1"]
 
 
-def job_in_fresh_process(tmp_path, reuse: bool) -> dict:
-    # A process each: the setting cannot be undone inside one.
-    job_dir = tmp_path / f"reuse_{reuse}"
-    subprocess.run([sys.executable, "train.py", *BIG_EMBEDDING, f"malloc_reuse={str(reuse).lower()}",
-                    f"hydra.run.dir={job_dir}"], cwd=ROOT, check=True, capture_output=True)
-    return json.loads((job_dir / "results.json").read_text())
+def default_then_reused(tmp_path) -> tuple[dict, dict]:
+    """One sweep process, the job without reuse first: the setting cannot be undone inside a process, so
+    the first job runs as glibc does by default and the second with reuse."""
+    sweep_dir = tmp_path / "sweep"
+    subprocess.run([sys.executable, "train.py", "-m", *BIG_EMBEDDING, "malloc_reuse=false,true",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, check=True, capture_output=True)
+    return tuple(json.loads((sweep_dir / str(i) / "results.json").read_text()) for i in range(2))
 
 
-@pytest.mark.slow  # two jobs, each in its own process
+@pytest.mark.slow  # two jobs in a sweep process
 def test_reuse_stops_faulting_in_each_step_anew(tmp_path):
     embedding_pages = 30522 * 384 * 4 // 4096
-    default = job_in_fresh_process(tmp_path, reuse=False)
-    reused = job_in_fresh_process(tmp_path, reuse=True)
+    default, reused = default_then_reused(tmp_path)
     assert (default["effective"]["malloc_reuse"], reused["effective"]["malloc_reuse"]) == (False, True)
     # glibc maps the embedding gradient afresh every step: every one of its pages faults again
     assert default["time"]["minor_faults_per_step"] > 0.9 * embedding_pages

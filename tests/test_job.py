@@ -12,6 +12,9 @@ from wandb_records import find_run_file, run_contents
 
 from memsweep.run import results
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("job")
+
 REQUIRED = {
     "metrics": ["f1", "accuracy", "train_loss", "eval_loss"],
     "time": ["train_s", "total_s", "samples_per_s", "tokens_per_s"],
@@ -100,26 +103,6 @@ def test_wandb_offline_run_holds_the_config_and_the_summary(tiny_result):
     assert summary["memory.peak_bytes"] == res["memory"]["peak_bytes"]
 
 
-def test_wandb_writes_nothing_outside_the_job_dir(tmp_path):
-    # wandb puts its debug logs under ~/.cache/wandb even offline and given dir=, and its settings under
-    # ~/.config/wandb: the job points them all into its job dir. A fresh process with an empty HOME and
-    # no WANDB_* variable: an in-process job of this session has set the WANDB_*_DIR ones, and
-    # WANDB_SERVICE would hand the child's run to this process's wandb-core, which writes elsewhere.
-    home, job_dir = tmp_path / "home", tmp_path / "job"
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
-               XDG_DATA_HOME=str(home / ".local" / "share"), WANDB_MODE="offline", WANDB_SILENT="true")
-    args = [a for a in TINY if a != "logger=none"]
-    done = subprocess.run([sys.executable, "train.py", *args, "logger=wandb", "max_steps=2",
-                           f"hydra.run.dir={job_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
-    assert written == [], f"written outside the job dir, under HOME: {written}"
-    assert run_contents(find_run_file(job_dir))["run"] is not None
-    assert list(job_dir.rglob("core-debug-*.log"))  # the debug log that would have gone under HOME
-
-
 def test_bad_input_is_a_failed_result_and_a_clear_exit(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         run_job(TINY + ["data=csv", f"data.path={tmp_path}/missing.csv"], tmp_path / "job", exits=True)
@@ -156,14 +139,43 @@ def test_online_without_a_server_falls_back_to_offline_fast(tmp_path, monkeypatc
     run.finish()
 
 
-@pytest.mark.slow  # a sweep in a subprocess
-def test_multirun_gives_one_result_and_one_wandb_run_per_job_in_one_group(tmp_path):
-    sweep = tmp_path / "sweep"
-    args = [a for a in TINY if a != "logger=none"]
+@pytest.fixture(scope="module")
+def wandb_sweep(tmp_path_factory):
+    """A two-job sweep with W&B in a fresh process, as a person starts one: (its args, the sweep dir, the empty
+    HOME it ran with). wandb puts its debug logs under ~/.cache/wandb even offline and given dir=, and its
+    settings under ~/.config/wandb: the job points them all into its job dir. So the process gets an empty HOME
+    and no WANDB_* variable: an in-process job of this session has set the WANDB_*_DIR ones, and WANDB_SERVICE
+    would hand the child's run to this process's wandb-core, which writes elsewhere."""
+    tmp_path = tmp_path_factory.mktemp("wandb_sweep")
+    home, sweep = tmp_path / "home", tmp_path / "sweep"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
+               XDG_DATA_HOME=str(home / ".local" / "share"), WANDB_MODE="offline", WANDB_SILENT="true")
+    # the sweep's summary plot starts matplotlib, whose font cache has its own variable
+    env["MPLCONFIGDIR"] = str(tmp_path / "matplotlib")
+    args = [a for a in TINY if a != "logger=none"] + ["max_steps=2"]
     done = subprocess.run([sys.executable, "train.py", "-m", "seed=1,2", *args, f"hydra.sweep.dir={sweep}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "WANDB_MODE": "offline"})
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+    return args, sweep, home
+
+
+# The first of these two tests to run runs the sweep (the `wandb_sweep` fixture): both are slow.
+@pytest.mark.slow  # a sweep in a subprocess
+def test_wandb_writes_nothing_outside_the_job_dir(wandb_sweep):
+    _, sweep, home = wandb_sweep
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert written == [], f"written outside the job dir, under HOME: {written}"
+    for job_dir in (sweep / "0", sweep / "1"):
+        assert run_contents(find_run_file(job_dir))["run"] is not None
+    # the debug log that would have gone under HOME (one wandb-core per process: the first job's dir holds it)
+    assert list(sweep.rglob("core-debug-*.log"))
+
+
+@pytest.mark.slow  # a sweep in a subprocess
+def test_multirun_gives_one_result_and_one_wandb_run_per_job_in_one_group(wandb_sweep):
+    args, sweep, _ = wandb_sweep
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert [p.name for p in jobs] == ["0", "1"]
     runs = [run_contents(find_run_file(p))["run"] for p in jobs]

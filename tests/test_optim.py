@@ -2,6 +2,9 @@
 import pytest
 import torch
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("optim")
+
 
 @pytest.fixture(scope="module")
 def by_optim(tmp_path_factory):

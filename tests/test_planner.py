@@ -10,6 +10,9 @@ from memsweep.errors import ConfigError
 from memsweep.estimate.core import estimate_job
 from memsweep.planner import batch, depth, floor, search, space, table, twin
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("planner")
+
 # Llama-3's vocabulary: full fine-tuning (its weights, gradients and state: the floor) and micro-batch 8 (its
 # logits) do not fit a T4; LoRA at 1 does. Few blocks, so each trace takes seconds.
 WIDE = ["task=causal_lm", "model=tiny-llama", "model.hidden_size=4096", "model.intermediate_size=5632",

@@ -7,6 +7,9 @@ import torch
 from conftest import THREADS, run_job
 from memsweep.run.trainer import pad_batch
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("task")
+
 DECODER = ["task=causal_lm", "model=tiny-llama", "data.train_size=256", "data.eval_size=64", "logger=none",
            f"threads={THREADS}", "batch_size=16", "max_seq_len=32"]
 

@@ -7,6 +7,9 @@ from surfaces import assert_refused, no_work, refusal, train_py  # noqa: F401 - 
 
 from memsweep.estimate import core
 
+# One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
+pytestmark = pytest.mark.xdist_group("vision")
+
 VIT = ["task=image_classification", "model=tiny-vit", "data.train_size=64", "data.eval_size=32", "logger=none",
        f"threads={THREADS}", "max_steps=2", "batch_size=32"]
 # Matrices of 64 x 128 (8,192 elements): bitsandbytes keeps 32-bit state below 4,096, the tiny ViT's size
