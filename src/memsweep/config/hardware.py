@@ -12,7 +12,8 @@ from .schema import HardwareConf
 # GPU name fragment (as torch.cuda.get_device_name reports it) -> profile option in conf/hardware/,
 # for `hardware=auto`; the longest fragment that matches wins ("A100 80GB" before "A100").
 KNOWN_GPUS = {"T4": "t4", "A10G": "a10g", "A100-SXM4-80GB": "a100_80gb", "A100 80GB": "a100_80gb",
-              "A100": "a100_40gb", "H100": "h100", "H200": "h200", "RTX 3090": "rtx3090", "RTX 4090": "rtx4090", "L4": "l4"}
+              "A100": "a100_40gb", "H100": "h100", "H200": "h200", "RTX 3090": "rtx3090", "RTX 4090": "rtx4090",
+              "L4": "l4"}
 
 
 def profile_option(gpu_name: str) -> Optional[str]:
