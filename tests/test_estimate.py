@@ -206,18 +206,27 @@ def test_an_estimate_that_cannot_be_made_is_recorded_not_raised():
     assert est["method"] is None and "nosuchmodel" in est["error"]
 
 
-def test_autofit_runs_the_micro_batch_it_picks_where_the_whole_batch_runs_out_of_memory(tmp_path):
-    from conftest import run_job
+def whole_then_autofit_in_a_fresh_process(overrides, sweep_dir):
+    """The whole batch, then autofit, as one sweep of a fresh process: the CPU cap counts what the process
+    maps, and a test worker that ran larger jobs keeps what they freed mapped (malloc_reuse)."""
+    import subprocess
+    import sys
 
+    from conftest import ROOT
+
+    subprocess.run([sys.executable, "train.py", "-m", *overrides, "autofit=false,true",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, capture_output=True, timeout=900)
+    return [results.read(sweep_dir / str(n) / results.RESULTS_FILE) for n in (0, 1)]
+
+
+def test_autofit_runs_the_micro_batch_it_picks_where_the_whole_batch_runs_out_of_memory(tmp_path):
     # Long sequences with eager attention: activations grow with the micro-batch and dominate. The CPU
     # profile's memory_gib is a real cap (memcap.py): the whole batch of 64 runs out of memory under it.
     capped = ["model=tiny", "data.train_size=128", "data.eval_size=32", "logger=none", f"threads={THREADS}", "max_steps=2",
               "optim=sgd", "batch_size=64", "max_seq_len=512", "attention=eager", "hardware=cpu",
               "hardware.memory_gib=0.5"]
-    whole = run_job(capped, tmp_path / "whole")
+    whole, fitted = whole_then_autofit_in_a_fresh_process(capped, tmp_path / "sweep")
     assert whole["status"] == "oom", whole["reason"]
-
-    fitted = run_job(capped + ["autofit=true"], tmp_path / "fitted")
     assert fitted["status"] == "ok", fitted["reason"]
     choice, ran = fitted["effective"]["autofit"], fitted["effective"]
     assert 1 < choice["micro_batch_size"] < 64

@@ -76,10 +76,17 @@ def test_ledger_step_leaves_no_hook_behind(tmp_path):
     assert hooks_left(built.trainer.model) == {}
 
 
-def test_a_job_that_dies_in_the_ledger_step_leaves_the_process_clean(tiny_job, tmp_path):
+def test_a_job_that_dies_in_the_ledger_step_leaves_the_process_clean(tiny_job, tmp_path, monkeypatch):
     # An OOM inside the tracked step skips its on_step_end: the next job of a sweep must not run tracked.
-    oom = tiny_job("batch_size=64", "max_seq_len=512", "attention=eager", "optim=sgd", "hardware=cpu",
-                   "hardware.memory_gib=0.5")
+    # The allocation fails inside the tracked step's first forward, whatever memory this process holds.
+    from memsweep.measure import ledger
+
+    def out_of_memory(self, module, inputs, output):
+        raise MemoryError("the tracked step's allocation failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ledger.LedgerCallback, "_see_compute", out_of_memory)
+        oom = tiny_job("max_steps=3")
     assert oom["status"] == "oom", oom["reason"]
     built = build_job(TINY + ["max_steps=3"], tmp_path / "next")
     built.trainer.train()
