@@ -63,7 +63,10 @@ def several_gpus(row: dict[str, Any], common: dict[str, Any]) -> tuple[list[str]
     job = ["model=distilbert", "hardware=a100_40gb", f"batch_size={mb * acc * n}", f"accumulation.steps={acc}",
            "max_seq_len=512", "optim=adamw_torch", "attention=eager", f"distributed.nproc={n}"]
     if str(row["distributed"]).startswith("DeepSpeed"):
-        job += ["deepspeed=zero2", "precision=fp16"]
+        # Fabric's DeepSpeedStrategy defaults (lightning/fabric/strategies/deepspeed.py): 2e8-value reduce
+        # buckets, two of them with overlap_comm=True, in the fp16 the engine trains in
+        job += ["deepspeed=zero2", "precision=fp16", "deepspeed.reduce_bucket_size=200000000",
+                "deepspeed.overlap_comm=true"]
     else:  # Fabric's FSDP1 with cpu_offload=True, each TransformerBlock a unit: memsweep's FSDP2 offload
         job += ["fsdp=full_shard_offload", "precision=bf16_true"]
     return job, ("GPU not stated: an A100-40GB as in the source's other rows (reserved is the same on every CUDA "

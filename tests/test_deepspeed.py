@@ -61,3 +61,16 @@ def test_the_adjusted_trace_predicts_the_measured_peak(overrides, tmp_path):
     assert est["peak_bytes"] == pytest.approx(measured["peak_bytes"], rel=0.01)
     # the ledger counts DeepSpeed's own fp32 copy of the weights (its optimizer's, not the model's)
     assert measured["peak_breakdown"]["other"] >= 4 * res["effective"]["trainable_params"]
+
+
+def test_the_bucket_keys_reach_deepspeeds_config():
+    from memsweep.estimate.__main__ import compose
+    from memsweep.techniques.deepspeed import ds_config
+
+    def zero(*overrides):
+        return ds_config(compose(TINY + list(overrides)).deepspeed)["zero_optimization"]
+
+    assert zero("deepspeed=zero2")["reduce_bucket_size"] == "auto" and zero("deepspeed=zero2")["overlap_comm"] is False
+    assert zero("deepspeed=zero3")["overlap_comm"] is True  # DeepSpeed's own default for stage 3, kept
+    lightning = zero("deepspeed=zero2", "deepspeed.reduce_bucket_size=200000000", "deepspeed.overlap_comm=true")
+    assert (lightning["reduce_bucket_size"], lightning["overlap_comm"]) == (200_000_000, True)

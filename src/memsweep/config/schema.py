@@ -140,6 +140,11 @@ class DeepspeedConf(Switch):
     stage: int = 0  # ZeRO stage 0-3 (when on)
     offload_optimizer: bool = False
     offload_param: bool = False
+    # Gradient values reduced at once; null = Trainer's "auto", hidden_size**2 (DeepSpeed's own default,
+    # 5e8, is ~1.9 GiB of fp32 buckets whatever the model). Lightning's DeepSpeedStrategy sets 2e8.
+    reduce_bucket_size: Optional[int] = None
+    # Reduce gradients while backward runs: a second reduce bucket (DeepSpeed's default: on for stage 3 only)
+    overlap_comm: bool = False
 
 
 @dataclass

@@ -136,6 +136,8 @@ RANGES: dict[str, Check] = {
     "lora.alpha": POSITIVE,
     "lora.dropout": FRACTION,
     "deepspeed.stage": (lambda v: v in (0, 1, 2, 3), "a ZeRO stage 0, 1, 2 or 3"),
+    "deepspeed.reduce_bucket_size": (lambda v: v is None or v > 0,
+                                     'null (Trainer\'s "auto": hidden_size**2) or an integer > 0 (gradient values)'),
     "dataloader.num_workers": NON_NEGATIVE,
     "dataloader.prefetch_factor": OPTIONAL_POSITIVE,
     "hardware.memory_gib": OPTIONAL_POSITIVE,

@@ -2,6 +2,8 @@
 
 The DeepSpeed JSON is generated from the composed config, with "auto" wherever Trainer fills the value
 in from its own arguments, so batch size, accumulation, precision and clipping never disagree.
+Beside the stage and offload, the two keys that size ZeRO's gradient buffers on the device:
+reduce_bucket_size and overlap_comm (one bucket, or two to reduce while backward runs).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -29,7 +31,8 @@ def traits(cfg) -> Traits:
 def ds_config(cfg) -> dict:
     # "auto" bucket sizes: Trainer sizes them from the model's hidden size. DeepSpeed's own default
     # (5e8 elements) allocates ~1.9 GiB of fp32 reduce buckets whatever the model.
-    zero: dict = {"stage": cfg.stage, "reduce_bucket_size": "auto"}
+    zero: dict = {"stage": cfg.stage, "reduce_bucket_size": cfg.reduce_bucket_size or "auto",
+                  "overlap_comm": cfg.overlap_comm}
     if cfg.stage == 3:
         zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto")
     if cfg.offload_optimizer:
