@@ -15,7 +15,7 @@ def fake_gpu(monkeypatch, name: str, gib: float, major: int, bf16: bool, minor: 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: SimpleNamespace(name=name, total_memory=int(gib * 2**30), major=major,
-                                                            minor=minor))
+                                                            minor=minor, multi_processor_count=68))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
 
 
@@ -45,6 +45,7 @@ def test_auto_on_an_unknown_gpu_takes_its_properties(monkeypatch):
     assert profile.name == "auto:NVIDIA GeForce RTX 3080" and profile.memory_gib == pytest.approx(10.0)
     assert (profile.bf16, profile.tf32, profile.tensor_core_multiple) == (True, True, 64)
     assert profile.compute_capability == pytest.approx(8.6)  # picks the cuBLAS workspace the trace replays
+    assert profile.sm_count == 68  # sizes the reductions' scratch (estimate/scratch.py)
 
 
 def test_a_named_profile_is_kept_and_no_gpu_means_the_cpu(monkeypatch):

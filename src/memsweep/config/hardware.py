@@ -64,7 +64,7 @@ def detect(cfg: HardwareConf) -> HardwareConf:
             profile = replace(cfg, name=f"auto:{props.name}", device="cuda", memory_gib=props.total_memory / 2**30,
                               bf16=torch.cuda.is_bf16_supported(), fp16=True, tf32=props.major >= 8,
                               tensor_core_multiple=64 if props.major >= 8 else 8,
-                              compute_capability=props.major + props.minor / 10)
+                              compute_capability=props.major + props.minor / 10, sm_count=props.multi_processor_count)
     else:
         profile = replace(cfg, name="auto:cpu", device="cpu", bf16=True, fp16=True, tf32=False)
     if profile.device == "cpu":

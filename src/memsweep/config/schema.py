@@ -206,6 +206,9 @@ class HardwareConf:
     host_link_gbs: Optional[float] = None
     # major.minor of a CUDA GPU (9.0 = Hopper): null on a CPU; detected on a GPU without a profile
     compute_capability: Optional[float] = None
+    # streaming multiprocessors of a CUDA GPU (how PyTorch's reduction kernel splits its work, hence the
+    # scratch it allocates: estimate/scratch.py): null on a CPU; detected on a GPU without a profile
+    sm_count: Optional[int] = None
 
 
 @dataclass

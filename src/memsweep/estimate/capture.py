@@ -8,7 +8,8 @@ object alive for as long as the storage lives (PyTorch preserves it), which is a
 sees frees: the two count the same storages. Storages made before recording (the weights) are
 recorded when the Recorder is entered with them, or else when an op first reads them.
 
-Not seen by the dispatch mode, so added by hand: cuBLAS's workspaces, which PyTorch allocates through
+Not seen by the dispatch mode, so added by hand: the scratch a CUDA kernel allocates and frees inside
+its op (scratch.py: a reduction's staging buffer), cuBLAS's workspaces, which PyTorch allocates through
 the caching allocator at a handle's first matmul and keeps (cublas_workspace_bytes): one for the
 training thread and one for the autograd engine's device thread, which runs backward with a cuBLAS
 handle of its own (CUDA_WORKSPACES_PER_STEP), and Storage.resize_,
@@ -18,7 +19,8 @@ all: the CUDA context (the profile's overhead) and cuDNN's own workspaces.
 
 Every block has a category, the ledger's names: params, buffers and optimizer for what the step starts
 with, grads once backward has made them (`tag_grads`), temp for what the optimizer step allocates,
-activations for the rest, workspace for cuBLAS's (not a tensor: the ledger does not count it);
+activations for the rest, workspace for cuBLAS's and a kernel's scratch (not tensors: the ledger does not
+count them);
 ("mark", name) events say where the step is (forward, backward, step, end); ("grad", name, key) events,
 where asked (`grad_made`), when each parameter's gradient was accumulated.
 So the events can be adjusted by category (adjust.py) and read as the ledger reads a step
@@ -36,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import sharded
+from . import scratch, sharded
 from .allocator import Options, replay
 
 
@@ -46,6 +48,9 @@ class Recorder(TorchDispatchMode):
 
     def __init__(self, tensors=()):
         super().__init__()
+        # each CUDA reduction's scratch, recorded as 0-byte placeholders: {staging key: (shape, dims, acc,
+        # semaphore key)}, sized per GPU by scratch.sized (one trace serves GPUs of different SM counts)
+        self.reductions: dict = {}
         self.events: list[tuple] = []
         # alive before recording, allocated first in this order: tensors, ints (a block no tensor stands
         # for: a library workspace), or (category, either) pairs
@@ -151,7 +156,18 @@ class Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
             self.see(t)
+        spec = scratch.op_reduction(func, args, kwargs)  # a GPU's scratch, whatever device the fakes are on
+        if spec is not None:
+            self.reduction(spec)
         return out
+
+    def reduction(self, spec: tuple) -> None:
+        """The reduction kernel's staging buffer and semaphores: allocated after its output, freed (the
+        semaphores first) before the op returns."""
+        staging, semaphores = next(self.keys), next(self.keys)
+        self.events += [("alloc", staging, 0), ("alloc", semaphores, 0), ("free", semaphores), ("free", staging)]
+        self.categories.update({staging: "workspace", semaphores: "workspace"})
+        self.reductions[staging] = (*spec, semaphores)
 
 
 # PyTorch's default CUBLAS_WORKSPACE_CONFIG (CublasHandlePool.cpp, getChosenWorkspaceSize): 8,519,680
@@ -232,7 +248,7 @@ def tensor_reading(events, categories: dict) -> dict[str, Any]:
     sizes, live, peak, at_peak, held, most = {}, {}, 0, {}, 0, {"grads": 0, "optimizer": 0}
     for event in events:
         if event[0] in ("alloc", "free") and categories.get(event[1]) == "workspace":
-            continue  # a library's block, not a tensor: the allocator's reading counts it
+            continue  # a library's or a kernel's block, not a tensor: the allocator's reading counts it
         if event[0] == "alloc":
             sizes[event[1]] = event[2]
             category = categories.get(event[1], "activations")

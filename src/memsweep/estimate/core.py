@@ -17,12 +17,12 @@ from . import adjust, roofline
 from .meta import model_config, traced_model
 from .result import Estimate
 from .table import summary_line
-from .trace import trace
+from .trace import for_gpu, trace
 
 GIB = 2**30
 # what a trace keeps for the planner (planner/batch.py) and the step time, not for estimate.json
 BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "events", "categories",
-         "derived_from")
+         "reductions", "gpu", "workspace", "derived_from")
 
 
 def capacity_bytes(profile: HardwareConf) -> Optional[int]:
@@ -35,7 +35,8 @@ def capacity_bytes(profile: HardwareConf) -> Optional[int]:
 
 def device_key(job: Config, profile: HardwareConf) -> str:
     """A job as its trace sees it: the trace reads only the profile's device (its kernels, the allocator
-    model, foreach optimizers); capacity, CUDA context, rates and rules are applied after."""
+    model, foreach optimizers); capacity, CUDA context, rates and rules are applied after, and so is what
+    depends on the GPU model (its kernels' scratch and cuBLAS workspace: trace.for_gpu)."""
     return repr((dataclasses.replace(job, hardware=HardwareConf()), profile.device))
 
 
@@ -75,7 +76,7 @@ def traced_step(job: Config, profile: HardwareConf, plan) -> dict[str, Any]:
 def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], started: float) -> Estimate:
     """The estimate from the traced step: the counters of the profile's device, the fit, time and notes."""
     overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
-    device = device_counters(traced, overhead) if profile.device == "cuda" else {}
+    device = device_counters(for_gpu(traced, profile), overhead) if profile.device == "cuda" else {}
     # the safe side of what packing may do: fits, the margin and autofit must not lean low
     total = device["device_used_upper_bytes"] if device else traced["peak_bytes"]
     capacity = capacity_bytes(profile)

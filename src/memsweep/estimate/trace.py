@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, inner_optimizer, ledger_reading
 from ..techniques import optim
-from . import adjust, capture, fake, roofline, sharded, zero
+from . import adjust, capture, fake, roofline, scratch, sharded, zero
 from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
@@ -73,16 +73,30 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
                    "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
     if adjustment is not None:
-        reading.update(adjusted_reading(recorder, adjustment, profile, spec))
+        reading.update(adjusted_reading(recorder, adjustment, profile, spec))  # with this GPU's scratch
         if adjustment.save_on_host:  # what save_on_cpu copies to the host per micro-batch, and back in backward
             reading["offloaded_bytes_per_micro_batch"] = sum(
                 e[2] for e in recorder.events if e[0] == "alloc" and recorder.categories.get(e[1]) == "host"
             ) // len(batches)
     elif profile.device == "cuda":
-        reading["allocator"] = capture.allocator_reading(recorder.events, recorder.categories)
-        # kept for the planner, which derives other micro-batches from them (planner/batch.py)
-        reading.update(events=recorder.events, categories=recorder.categories)
+        # kept for the planner, which derives other micro-batches from them (planner/batch.py), and to read
+        # the step on another GPU (for_gpu)
+        reading.update(events=recorder.events, categories=recorder.categories, reductions=recorder.reductions)
+        reading.update(for_gpu(reading, profile))
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
+    """A plain trace's allocator reading on `profile`'s GPU: its reductions' scratch (scratch.py) and the
+    cuBLAS workspaces sized for that GPU. One trace serves GPUs of the same device this way; a trace
+    without its events (an adjusted job's) keeps the reading of the GPU it was made on."""
+    gpu, workspace = scratch.gpu_of(profile), workspace_bytes(profile)
+    if "events" not in traced or (traced.get("gpu"), traced.get("workspace")) == (gpu, workspace):
+        return traced
+    categories = traced["categories"]
+    events = [("alloc", e[1], workspace) if e[0] == "alloc" and isinstance(e[1], str) and categories.get(e[1]) ==
+              "workspace" else e for e in scratch.sized(traced["events"], traced.get("reductions", {}), gpu)]
+    return {**traced, "allocator": capture.allocator_reading(events, categories), "gpu": gpu, "workspace": workspace}
 
 
 def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list]:
@@ -115,7 +129,8 @@ def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareC
     flat = flat_partition_step(spec, adjustment.flat_numel, profile) if adjustment.flat_numel else None
     readings = []
     for rank in range(adjustment.zero.world if adjustment.zero else 1):
-        events, categories = adjust.apply(recorder.events, recorder.categories, adjustment, flat, rank)
+        events = scratch.sized(recorder.events, recorder.reductions, scratch.gpu_of(profile))
+        events, categories = adjust.apply(events, recorder.categories, adjustment, flat, rank)
         reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
         if profile.device == "cuda":
             reading["allocator"] = capture.allocator_reading(events, categories)

@@ -8,6 +8,9 @@ allocation's bytes, and each op's FLOPs and bytes moved, lie on a line in m. The
 the events of two traces (BASES) with each size read off its line, replayed through the allocator model as a
 traced step's are: peak, reserved and the roofline come out as the trace would give them.
 
+A reduction's kernel scratch (estimate/scratch.py) is not on a line: how it splits into blocks depends on
+the size and the GPU. Its input shape is, and the scratch is sized from that for the GPU (trace.for_gpu).
+
 Where it does not: at m = 1 some views over the batch dimension are contiguous already and a copy is not
 made (the events differ), and accumulation 1 measures one micro-batch, not two; those are traced. Where the
 two traces' events do not line up (the same allocations and frees in the same order) or a size is not on an
@@ -21,6 +24,7 @@ from typing import Optional
 from ..config.schema import Config, HardwareConf
 from ..estimate import capture
 from ..estimate.core import assemble, device_key, estimate_job
+from ..estimate.trace import for_gpu
 from ..run.plan import build_plan
 
 BASES = (2, 4)
@@ -48,7 +52,7 @@ def estimate(job: Config, profile: HardwareConf, memo: dict):
     flops = between(*(memo[device_key(b, profile)]["flops_per_step"] // b.accumulation.steps for b in bases), m)
     if traced is None or flops is None:
         return estimate_job(job, profile, memo)
-    memo[key] = {**traced, "flops_per_step": flops * job.accumulation.steps, "derived_from": BASES}
+    memo[key] = for_gpu({**traced, "flops_per_step": flops * job.accumulation.steps, "derived_from": BASES}, profile)
     return assemble(job, profile, build_plan(job, profile), memo[key], started)
 
 
@@ -71,13 +75,22 @@ def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
     sequence = lined_up(low["roofline_sequence"], high["roofline_sequence"], m, key=lambda op: op[:2], sizes=(2, 3))
     if events is None or sequence is None:
         return None
+    reductions = {key: (shape_at(spec[0], high["reductions"][key][0], m), *spec[1:])
+                  for key, spec in low.get("reductions", {}).items()}
+    if any(spec[0] is None for spec in reductions.values()):
+        return None
     reading = capture.tensor_reading(events, low["categories"])
-    out = {**low, **reading, "optimizer_bytes": low["optimizer_bytes"], "recorded_peak_bytes": reading["peak_bytes"],
-           "events": events, "roofline_sequence": sequence,
-           "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}
-    if "allocator" in low:
-        out["allocator"] = capture.allocator_reading(events, low["categories"])
-    return out
+    # the allocator's reading is made for the GPU at hand (trace.for_gpu): its kernels' scratch depends on it
+    kept = {k: v for k, v in low.items() if k not in ("allocator", "gpu", "workspace")}
+    return {**kept, **reading, "optimizer_bytes": low["optimizer_bytes"], "recorded_peak_bytes": reading["peak_bytes"],
+            "events": events, "reductions": reductions, "roofline_sequence": sequence,
+            "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}
+
+
+def shape_at(low: tuple, high: tuple, m: int) -> Optional[tuple]:
+    """A reduction's input shape at m from its shapes at the bases (its batch dimensions on their lines)."""
+    sizes = tuple(between(a, b, m) for a, b in zip(low, high))
+    return None if len(low) != len(high) or None in sizes else sizes
 
 
 def lined_up(low: list, high: list, m: int, key, sizes=(2,)) -> Optional[list]:
