@@ -75,9 +75,12 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
     overrides, _ = ve.job_for("torchtune_llama2_7b_lora_rank_targets", rows["all layers, rank 64"], common)
     assert {"lora.r=64", "lora.alpha=128", "checkpointing=full", "max_seq_len=512",
             "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"} <= set(overrides)
-    rows, common = published_rows("torchtitan_llama31_8b_fsdp_8xh100")
-    with pytest.raises(ve.NotModelled, match="selective"):
-        ve.job_for("torchtitan_llama31_8b_fsdp_8xh100", rows["FSDP"], common)
+    rows, common = published_rows("torchtitan_llama31_8b_fsdp_128xh100")
+    overrides, caveat = ve.job_for("torchtitan_llama31_8b_fsdp_128xh100", rows["FSDP"], common)
+    assert {"checkpointing=selective", "fsdp=full_shard", "distributed.nodes=16", "distributed.nproc=8",
+            "batch_size=256", "max_seq_len=8192"} <= set(overrides) and "fp32" in caveat
+    with pytest.raises(ve.NotModelled, match="torch.compile"):
+        ve.job_for("torchtitan_llama31_8b_fsdp_128xh100", rows["FSDP + torch.compile"], common)
 
 
 def test_every_published_table_has_a_mapping():
