@@ -62,3 +62,19 @@ def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
     assert on_a100.peak_allocated_bytes > on_t4.peak_allocated_bytes > on_t4.peak_bytes
     alone = {k: v for k, v in traced.items() if k not in ("allocator", "gpu", "workspace")}
     assert estimate_job(job, t4, {next(iter(memo)): alone}).peak_allocated_bytes == on_t4.peak_allocated_bytes
+
+
+def test_an_adjusted_trace_is_made_for_each_gpu():
+    # ZeRO-2 is traced as its nearest job and adjusted; those events are not kept, so a T4 cannot reuse
+    # the A100's reading: asked in one memo, the T4 gets what it gets alone
+    from memsweep.config.hardware import load_profile
+    from memsweep.estimate.__main__ import compose
+    from memsweep.estimate.core import estimate_job
+
+    job = compose(TINY + ["model.hidden_size=256", "model.intermediate_size=1024", "batch_size=32",
+                          "max_seq_len=256", "deepspeed=zero2", "precision=bf16"])
+    a100, t4, memo = load_profile("a100_40gb"), load_profile("t4"), {}
+    on_a100 = estimate_job(job, a100, memo)
+    assert on_a100.method == "adjusted trace"
+    assert estimate_job(job, t4, memo).peak_allocated_bytes == estimate_job(job, t4).peak_allocated_bytes
+    assert estimate_job(job, t4).peak_allocated_bytes < on_a100.peak_allocated_bytes  # the T4's smaller scratch

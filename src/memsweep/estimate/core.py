@@ -46,12 +46,11 @@ def estimate_job(job: Config, profile: HardwareConf, memo: Optional[dict] = None
     started = time.perf_counter()
     plan = build_plan(job, profile)
     key = device_key(job, profile)
-    if memo is None or key not in memo:
+    traced = None if memo is None else memo.get(key)
+    if traced is None or for_gpu(traced, profile) is None:  # an adjusted trace is made per GPU
         traced = traced_step(job, profile, plan)
         if memo is not None:
             memo[key] = traced
-    else:
-        traced = memo[key]
     return assemble(job, profile, plan, traced, started)
 
 

@@ -74,6 +74,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
     if adjustment is not None:
         reading.update(adjusted_reading(recorder, adjustment, profile, spec))  # with this GPU's scratch
+        reading.update(gpu=scratch.gpu_of(profile), workspace=workspace_bytes(profile))
         if adjustment.save_on_host:  # what save_on_cpu copies to the host per micro-batch, and back in backward
             reading["offloaded_bytes_per_micro_batch"] = sum(
                 e[2] for e in recorder.events if e[0] == "alloc" and recorder.categories.get(e[1]) == "host"
@@ -86,13 +87,15 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
 
-def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
-    """A plain trace's allocator reading on `profile`'s GPU: its reductions' scratch (scratch.py) and the
-    cuBLAS workspaces sized for that GPU. One trace serves GPUs of the same device this way; a trace
-    without its events (an adjusted job's) keeps the reading of the GPU it was made on."""
+def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> Optional[dict[str, Any]]:
+    """The trace's allocator reading on `profile`'s GPU: its reductions' scratch (scratch.py) and the cuBLAS
+    workspaces sized for that GPU. One plain trace serves GPUs of the same device this way; None for an
+    adjusted job's trace (its events are not kept) made for another GPU: it must be traced for this one."""
     gpu, workspace = scratch.gpu_of(profile), workspace_bytes(profile)
-    if "events" not in traced or (traced.get("gpu"), traced.get("workspace")) == (gpu, workspace):
+    if profile.device != "cuda" or (traced.get("gpu"), traced.get("workspace")) == (gpu, workspace):
         return traced
+    if "events" not in traced:
+        return None
     categories = traced["categories"]
     events = [("alloc", e[1], workspace) if e[0] == "alloc" and isinstance(e[1], str) and categories.get(e[1]) ==
               "workspace" else e for e in scratch.sized(traced["events"], traced.get("reductions", {}), gpu)]
