@@ -17,12 +17,12 @@ from . import adjust, roofline
 from .meta import model_config, traced_model
 from .result import Estimate
 from .table import summary_line
-from .trace import for_gpu, trace
+from .trace import for_gpu, readable_on, trace
 
 GIB = 2**30
 # what a trace keeps for the planner (planner/batch.py) and the step time, not for estimate.json
 BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "events", "categories",
-         "reductions", "gpu", "workspace", "derived_from")
+         "reductions", "gpu", "workspace", "readings", "derived_from")
 
 
 def capacity_bytes(profile: HardwareConf) -> Optional[int]:
@@ -47,7 +47,7 @@ def estimate_job(job: Config, profile: HardwareConf, memo: Optional[dict] = None
     plan = build_plan(job, profile)
     key = device_key(job, profile)
     traced = None if memo is None else memo.get(key)
-    if traced is None or for_gpu(traced, profile) is None:  # an adjusted trace is made per GPU
+    if traced is None or not readable_on(traced, profile):  # an adjusted trace is made per GPU
         traced = traced_step(job, profile, plan)
         if memo is not None:
             memo[key] = traced

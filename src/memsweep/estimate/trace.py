@@ -87,19 +87,32 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
 
-def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> Optional[dict[str, Any]]:
+def made_for(traced: dict[str, Any], profile: HardwareConf) -> bool:
+    """Whether the trace's allocator reading is already the one for `profile`'s GPU (always, off CUDA)."""
+    return profile.device != "cuda" or (traced.get("gpu"), traced.get("workspace")) == (
+        scratch.gpu_of(profile), workspace_bytes(profile))
+
+
+def readable_on(traced: dict[str, Any], profile: HardwareConf) -> bool:
+    """Whether `for_gpu` can read the trace on `profile`'s GPU: made for it, or a plain trace (events kept).
+    An adjusted job's trace (ZeRO, offload) made for another GPU must be traced again."""
+    return made_for(traced, profile) or "events" in traced
+
+
+def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
     """The trace's allocator reading on `profile`'s GPU: its reductions' scratch (scratch.py) and the cuBLAS
-    workspaces sized for that GPU. One plain trace serves GPUs of the same device this way; None for an
-    adjusted job's trace (its events are not kept) made for another GPU: it must be traced for this one."""
-    gpu, workspace = scratch.gpu_of(profile), workspace_bytes(profile)
-    if profile.device != "cuda" or (traced.get("gpu"), traced.get("workspace")) == (gpu, workspace):
+    workspaces sized for that GPU, read once per GPU (kept in the trace's `readings`). One plain trace
+    serves GPUs of the same device this way."""
+    if made_for(traced, profile):
         return traced
-    if "events" not in traced:
-        return None
-    categories = traced["categories"]
-    events = [("alloc", e[1], workspace) if e[0] == "alloc" and isinstance(e[1], str) and categories.get(e[1]) ==
-              "workspace" else e for e in scratch.sized(traced["events"], traced.get("reductions", {}), gpu)]
-    return {**traced, "allocator": capture.allocator_reading(events, categories), "gpu": gpu, "workspace": workspace}
+    gpu, workspace = scratch.gpu_of(profile), workspace_bytes(profile)
+    readings = traced.setdefault("readings", {})
+    if (gpu, workspace) not in readings:
+        categories = traced["categories"]
+        events = [("alloc", e[1], workspace) if e[0] == "alloc" and isinstance(e[1], str) and categories.get(e[1])
+                  == "workspace" else e for e in scratch.sized(traced["events"], traced.get("reductions", {}), gpu)]
+        readings[(gpu, workspace)] = capture.allocator_reading(events, categories)
+    return {**traced, "allocator": readings[(gpu, workspace)], "gpu": gpu, "workspace": workspace}
 
 
 def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list]:

@@ -81,7 +81,7 @@ def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
         return None
     reading = capture.tensor_reading(events, low["categories"])
     # the allocator's reading is made for the GPU at hand (trace.for_gpu): its kernels' scratch depends on it
-    kept = {k: v for k, v in low.items() if k not in ("allocator", "gpu", "workspace")}
+    kept = {k: v for k, v in low.items() if k not in ("allocator", "gpu", "workspace", "readings")}
     return {**kept, **reading, "optimizer_bytes": low["optimizer_bytes"], "recorded_peak_bytes": reading["peak_bytes"],
             "events": events, "reductions": reductions, "roofline_sequence": sequence,
             "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}

@@ -14,7 +14,7 @@ import time
 
 from ..config.schema import Config, HardwareConf, PrecisionName
 from ..estimate.core import assemble, device_key
-from ..estimate.trace import for_gpu
+from ..estimate.trace import readable_on
 from ..run.plan import build_plan
 
 TWINS = {PrecisionName.fp16: PrecisionName.bf16, PrecisionName.bf16: PrecisionName.fp16}
@@ -31,7 +31,7 @@ def from_twin(job: Config, profile: HardwareConf, memo: dict):
     """The estimate of `job` from its twin's trace where the memo holds one, else None."""
     twin, started = twin_of(job), time.perf_counter()
     traced = None if twin is None else memo.get(device_key(twin, profile))
-    if traced is None or for_gpu(traced, profile) is None:
+    if traced is None or not readable_on(traced, profile):
         return None
     ours, theirs = (p.value for p in (job.precision.name, twin.precision.name))
     ops = [[phase, ours if key == theirs else key, *rest] for phase, key, *rest in traced["roofline_ops"]]
