@@ -11,6 +11,7 @@ from conftest import TINY
 from memsweep.estimate.scratch import Gpu, reduction_scratch
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_snapshots" / "h200_bert_run.pickle.xz"
+SNAPSHOT_EXCERPTS = Path(__file__).resolve().parent / "snapshots"
 H200, A100, T4 = Gpu(132, 2048), Gpu(108, 2048), Gpu(40, 1024)
 
 
@@ -31,6 +32,20 @@ def test_the_h200_snapshot_holds_the_bias_gradients_staging_buffers_as_predicted
             staging, semaphores = reduction_scratch((32, tokens, width), (0, 1), 4, H200)
             assert pairs[(staging, semaphores)] >= 12, (tokens, width)  # every layer's, every step's
     assert reduction_scratch((32, 128, 3072), (0, 1), 4, H200) == [100_663_296, 96]
+
+
+def test_a_public_snapshot_holds_the_norm_weight_gradients_staging_buffers_as_predicted():
+    # Wedsonlin/assignment2-systems (tests/snapshots/, MIT): a 24-layer decoder, d_model 1,024, fp32, batch 4,
+    # its RMSNorm weights' gradients summed over the step's tokens: 2 per layer and the final norm's, 49
+    import json
+
+    for tokens, expected in ((512, 49), (128, 0)):
+        excerpt = json.loads((SNAPSHOT_EXCERPTS / f"wedsonlin_medium_{tokens}_training.json").read_text())
+        sizes = [e[1] for e in excerpt["events"] if len(e) == 2]  # [address, size]: an allocation
+        made = reduction_scratch((4, tokens, 1024), (0, 1), 4, A100)  # the GPU is not stated: any with >= 16 SMs
+        pairs = collections.Counter(zip(sizes, sizes[1:]))
+        assert (pairs[tuple(made)] if made else 0) == expected, tokens
+    assert reduction_scratch((4, 512, 1024), (0, 1), 4, T4) == [16_777_216, 32]
 
 
 def test_the_split_depends_on_the_gpu_and_on_the_size():
