@@ -143,10 +143,9 @@ def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareC
     gives each its own partition (zero.py); ZeRO-3 pads every parameter's partition to 1/N on each rank
     (partition_parameters.py, _partition_param), so there every rank holds what rank 0 does."""
     flat = flat_partition_step(spec, adjustment.flat_numel, profile) if adjustment.flat_numel else None
-    readings = []
+    readings, sized = [], scratch.sized(recorder.events, recorder.reductions, scratch.gpu_of(profile))
     for rank in range(adjustment.zero.world if adjustment.zero else 1):
-        events = scratch.sized(recorder.events, recorder.reductions, scratch.gpu_of(profile))
-        events, categories = adjust.apply(events, recorder.categories, adjustment, flat, rank)
+        events, categories = adjust.apply(sized, recorder.categories, adjustment, flat, rank)
         reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
         if profile.device == "cuda":
             reading["allocator"] = capture.allocator_reading(events, categories)
