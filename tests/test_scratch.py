@@ -79,6 +79,23 @@ def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
     assert estimate_job(job, t4, {next(iter(memo)): alone}).peak_allocated_bytes == on_t4.peak_allocated_bytes
 
 
+def test_a_trace_made_on_a_hopper_gpu_reads_on_an_ampere_one_with_its_smaller_cublas_workspaces():
+    from memsweep.config.hardware import load_profile
+    from memsweep.estimate.__main__ import compose
+    from memsweep.estimate.core import estimate_job
+    from memsweep.estimate.trace import workspace_bytes
+
+    job = compose(TINY + ["model.hidden_size=256", "model.intermediate_size=1024", "batch_size=8", "max_seq_len=64"])
+    h100, a100, memo = load_profile("h100"), load_profile("a100_40gb"), {}
+    assert workspace_bytes(h100) > workspace_bytes(a100)  # 32 MiB on compute capability 9.0, 8,519,680 B before
+    on_h100 = estimate_job(job, h100, memo)
+    assert len(next(iter(memo.values()))["cublas_keys"]) == 2  # the forward's and the backward's
+    read_on_a100 = estimate_job(job, a100, memo)
+    alone = estimate_job(job, a100)
+    assert read_on_a100.peak_allocated_bytes == alone.peak_allocated_bytes < on_h100.peak_allocated_bytes
+    assert read_on_a100.peak_reserved_bytes == alone.peak_reserved_bytes
+
+
 def test_an_adjusted_trace_is_made_for_each_gpu():
     # ZeRO-2 is traced as its nearest job and adjusted; those events are not kept, so a T4 cannot reuse
     # the A100's reading: asked in one memo, the T4 gets what it gets alone

@@ -51,6 +51,8 @@ class Recorder(TorchDispatchMode):
         # each CUDA reduction's scratch, recorded as 0-byte placeholders: {staging key: (shape, dims, acc,
         # semaphore key)}, sized per GPU by scratch.sized (one trace serves GPUs of different SM counts)
         self.reductions: dict = {}
+        # the keys of the library workspaces seeded below (cuBLAS's), which a trace resizes per GPU
+        self.workspaces: list[str] = []
         self.events: list[tuple] = []
         # alive before recording, allocated first in this order: tensors, ints (a block no tensor stands
         # for: a library workspace), or (category, either) pairs
@@ -68,6 +70,7 @@ class Recorder(TorchDispatchMode):
             if isinstance(t, int):
                 self.events.append(("alloc", f"block{n}", t))
                 self.categories[f"block{n}"] = category
+                self.workspaces += [f"block{n}"] if category == "workspace" else []
             else:
                 self.see(t, category)
         self.seed = []

@@ -48,7 +48,7 @@ def gpu_of(profile) -> Optional[Gpu]:
 
 
 def op_reduction(func, args, kwargs) -> Optional[tuple]:
-    """(shape, reduced dims, accumulator bytes) of a sum or mean `func` is about to run, else None."""
+    """(shape, reduced dims, accumulator bytes) of a sum or mean `func` (the op just run), else None."""
     name = f"{func._schema.name.split('::')[-1]}.{func._overloadname}"
     if name not in REDUCTIONS or not isinstance(args[0], torch.Tensor) or not args[0].is_contiguous():
         return None

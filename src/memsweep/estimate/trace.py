@@ -82,7 +82,8 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     elif profile.device == "cuda":
         # kept for the planner, which derives other micro-batches from them (planner/batch.py), and to read
         # the step on another GPU (for_gpu)
-        reading.update(events=recorder.events, categories=recorder.categories, reductions=recorder.reductions)
+        reading.update(events=recorder.events, categories=recorder.categories, reductions=recorder.reductions,
+                       cublas_keys=recorder.workspaces)
         reading.update(for_gpu(reading, profile))
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
@@ -108,10 +109,10 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
     gpu, workspace = scratch.gpu_of(profile), workspace_bytes(profile)
     readings = traced.setdefault("readings", {})
     if (gpu, workspace) not in readings:
-        categories = traced["categories"]
-        events = [("alloc", e[1], workspace) if e[0] == "alloc" and isinstance(e[1], str) and categories.get(e[1])
-                  == "workspace" else e for e in scratch.sized(traced["events"], traced.get("reductions", {}), gpu)]
-        readings[(gpu, workspace)] = capture.allocator_reading(events, categories)
+        cublas = set(traced["cublas_keys"])
+        events = [("alloc", e[1], workspace) if e[0] == "alloc" and e[1] in cublas else e
+                  for e in scratch.sized(traced["events"], traced.get("reductions", {}), gpu)]
+        readings[(gpu, workspace)] = capture.allocator_reading(events, traced["categories"])
     return {**traced, "allocator": readings[(gpu, workspace)], "gpu": gpu, "workspace": workspace}
 
 
