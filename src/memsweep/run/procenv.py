@@ -5,6 +5,7 @@ Only this module changes `os.environ` for a job. Building a Plan has no side eff
 that needs torch.distributed (DeepSpeed, FSDP) says so in `plan.process_group`, and the job enters
 the group here when it builds its Trainer.
 """
+import gc
 import os
 import socket
 import sys
@@ -23,6 +24,16 @@ def prepare() -> None:
 
     if not torch.cuda.is_available():  # else DeepSpeed probes for accelerators and warns on every import
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def settle_imports() -> None:
+    """Move what is alive now (mostly the millions of objects torch, transformers and the rest made as they
+    were imported) out of the cyclic collector's reach, once the job's libraries are loaded: the collections
+    a job makes (Accelerate's free_memory, the job's end) then walk only the job's own objects, about 0.7 s
+    fewer each on this CPU. Python's gc.freeze documents this use; what is garbage now is collected first,
+    and whatever dies later is still freed by its reference count."""
+    gc.collect()
+    gc.freeze()
 
 
 def free_port() -> int:

@@ -130,6 +130,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
 def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: Result, run) -> None:
     built = None
     setup_started = time.perf_counter()
+    procenv.settle_imports()
     try:
         with stopping.interruptible("while loading the tokenizer, data and model"):
             built = build(job, profile, job_dir, run)
