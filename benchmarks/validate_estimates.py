@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from decoder_rows import TABLES as DECODER_TABLES  # noqa: E402
 from decoder_rows import NotModelled  # noqa: E402
+from older_libraries import adjustments, stepping_as  # noqa: E402
 from vision_rows import TABLES as VISION_TABLES  # noqa: E402
 PUBLISHED = ROOT / "benchmarks" / "published"
 TOLERANCE_PCT = 10.0
@@ -105,9 +106,10 @@ def unit(row: dict[str, Any]) -> str:
     return str(row["unit"]).split()[0]
 
 
-def estimate(overrides: list[str], cache: dict) -> dict[str, Any]:
-    """One estimate per distinct job (several published rows can be the same job)."""
-    key = tuple(overrides)
+def estimate(overrides: list[str], cache: dict, older: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One estimate per distinct job (several published rows can be the same job), stepped as the table's
+    libraries did where they are older (older_libraries.py)."""
+    key = (tuple(overrides), older)
     if key not in cache:
         from memsweep.config import hardware, validate
         from memsweep.estimate.__main__ import compose
@@ -115,14 +117,15 @@ def estimate(overrides: list[str], cache: dict) -> dict[str, Any]:
 
         job = compose(overrides)
         validate.ranges(job)
-        cache[key] = estimate_job(job, hardware.detect(job.hardware)).to_dict()
+        with stepping_as(list(older)):
+            cache[key] = estimate_job(job, hardware.detect(job.hardware)).to_dict()
     return cache[key]
 
 
-def out_of_memory(overrides: list[str], cache: dict) -> str:
+def out_of_memory(overrides: list[str], cache: dict, older: tuple[str, ...] = ()) -> str:
     """An out-of-memory row has no figure to compare; whether the estimate also says it does not fit."""
     try:
-        est = estimate(overrides, cache)
+        est = estimate(overrides, cache, older)
     except NotModelled as exc:
         return f"out of memory in the source: no figure ({exc})"
     verdict = "agrees" if est["fits"] is False else "DISAGREES"
@@ -134,7 +137,7 @@ def check(files: list[Path]) -> pd.DataFrame:
     rows, cache = [], {}
     for path in files:
         table = yaml.safe_load(path.read_text())
-        counter = table["counter"]
+        counter, older = table["counter"], tuple(adjustments(table))
         for row in table["rows"]:
             out = {"table": path.stem, "row": row["label"], "counter": counter,
                    "published GiB": None, "predicted GiB": None, "error %": None, "note": ""}
@@ -145,13 +148,15 @@ def check(files: list[Path]) -> pd.DataFrame:
                     raise NotModelled(f"the source's counter is {counter}")
                 overrides, caveat = job_for(path.stem, row, table.get("common", {}))
                 if published is None:
-                    raise NotModelled(out_of_memory(overrides, cache))
-                est = estimate(overrides, cache)
+                    raise NotModelled(out_of_memory(overrides, cache, older))
+                est = estimate(overrides, cache, older)
                 predicted = est.get(COUNTER_FIELD[counter])
                 if predicted is None:
                     raise NotModelled(f"the estimate ({est['method']}) predicts no {COUNTER_FIELD[counter]}")
                 out.update({"predicted GiB": predicted / GIB, "error %": 100 * (predicted - published) / published,
-                            "note": f"{est['method']} on {est['hardware']}" + (f"; {caveat}" if caveat else "")})
+                            "note": f"{est['method']} on {est['hardware']}" + "".join(
+                                f"; as the source's library: {name}" for name in older)
+                                    + (f"; {caveat}" if caveat else "")})
             except NotModelled as exc:
                 out["note"] = f"not modelled: {exc}"
             rows.append(out)

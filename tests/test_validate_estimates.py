@@ -2,6 +2,8 @@
 read on the source's own counter, and the errors are computed against the published figure."""
 import sys
 
+import yaml
+
 import pytest
 from conftest import ROOT
 
@@ -111,3 +113,26 @@ def test_the_vision_rows_are_vit_jobs_or_say_why_not():
     assert "optim=adamw_8bit" in ve.job_for("torchao_low_bit_adamw_vit_h", rows["bnb 8-bit"], common)[0]
     with pytest.raises(ve.NotModelled, match="no torchao or lpmm"):
         ve.job_for("torchao_low_bit_adamw_vit_h", rows["ao 4-bit"], common)
+
+
+def test_a_table_on_an_older_torch_is_stepped_as_its_foreach_adam_was():
+    import older_libraries as older
+
+    stated = {stem: older.stated_torch(yaml.safe_load((PUBLISHED / f"{stem}.yaml").read_text())) for stem in
+              ("rasbt_distilbert_imdb_precision", "rasbt_vit_l16_cifar10_memory_ladder", "litgpt_lora_alpaca_1xa100_40gb")}
+    assert stated == {"rasbt_distilbert_imdb_precision": (2, 0, ""),
+                      "rasbt_vit_l16_cifar10_memory_ladder": (2, 1, "20230623"),
+                      "litgpt_lora_alpaca_1xa100_40gb": (2, 1, "")}  # 2.1.0, released after the change
+    assert [older.foreach_adam_holds_denom(v) for v in stated.values()] == [True, True, False]
+    assert not older.foreach_adam_holds_denom((2, 1, "20230711")) and not older.adjustments({"common": {}})
+    # on a GPU profile (foreach) the older step holds one more parameter-sized list at the update; SGD is untouched
+    job = ["model=tiny", "hardware=a100_40gb", "batch_size=2", "max_seq_len=16", "precision=fp32"]
+    names = older.adjustments({"common": {"software": "torch 2.0.0"}})
+    cache = {}
+    now, then = (ve.estimate(job + ["optim=adamw_torch"], cache, tuple(n)) for n in ([], names))
+    # the installed step's one list is the peak's temporaries (the parameters' size); the older step's two
+    assert now["breakdown"]["temp"] >= 0.99 * now["breakdown"]["params"]
+    assert then["breakdown"]["temp"] == 2 * now["breakdown"]["temp"]
+    assert then["peak_bytes"] - now["peak_bytes"] == now["breakdown"]["temp"]
+    sgd_now, sgd_then = (ve.estimate(job + ["optim=sgd"], cache, tuple(n)) for n in ([], names))
+    assert sgd_now["peak_bytes"] == sgd_then["peak_bytes"]
