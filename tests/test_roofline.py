@@ -29,6 +29,18 @@ def test_an_op_takes_the_longer_of_its_flops_and_its_bytes():
     assert roofline.seconds(reading, slow_memory)["forward"] == pytest.approx(moved / 1e9)
 
 
+def test_flash_attention_is_timed_in_its_operands_dtype_not_its_fp32_log_sum_exp():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 256, 64, dtype=torch.bfloat16, device="cuda")
+        with roofline.recording() as ops:
+            out = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, is_causal=True)
+    assert {out[0].dtype, out[1].dtype} == {torch.bfloat16, torch.float32}  # the output, its log-sum-exp
+    [(phase, key, flops, _, n)] = roofline.reading(ops)
+    assert (phase, key, n) == ("forward", "bf16", 1) and flops == 4 * 2 * 4 * 256 * 256 * 64  # QK^T and PV
+
+
 def test_profiles_carry_memory_and_host_link_bandwidth():
     from memsweep.config.hardware import load_profile
 

@@ -73,7 +73,7 @@ class Roofline(RuntimeEstimator):
         moved = sum(get_num_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         flops, key = 0, "-"
         if packet in flop_registry:
-            flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(out)
+            flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(args)
         self.ops[(self.phase, key, flops, int(moved))] += 1
         self.sequence.append((self.phase, key, flops, int(moved)))
         return out, 0.0
@@ -93,11 +93,16 @@ class Roofline(RuntimeEstimator):
         TorchDispatchMode.__exit__(self, *args)
 
 
-def dtype_key(out) -> str:
+def dtype_key(args) -> str:
+    """The compute dtype of a FLOP-counted op: its first operand's (a matmul's, a convolution's input, an
+    attention's query or, backward, its output gradient), which its kernel computes in. Not its outputs':
+    flash attention returns its log-sum-exp in fp32 beside a bf16 output, and is no fp32 matmul for that."""
     import torch.utils._pytree as pytree
 
-    dtypes = {FLOAT_KEYS[t.dtype] for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.dtype in FLOAT_KEYS}
-    return dtypes.pop() if len(dtypes) == 1 else "fp32"
+    for t in pytree.tree_leaves(args):
+        if isinstance(t, torch.Tensor) and t.dtype in FLOAT_KEYS:
+            return FLOAT_KEYS[t.dtype]
+    return "fp32"
 
 
 @contextlib.contextmanager
