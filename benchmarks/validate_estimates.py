@@ -3,9 +3,10 @@
 Every table in benchmarks/published/ (one YAML file per source, with its set-up and the counter it
 reports) is read; each row memsweep can express as a job is estimated offline on the matching GPU
 profile, and its prediction for *that* counter (peak allocated, peak reserved, or device used) is put
-beside the published figure with the error. A row that cannot be expressed is listed with the reason.
-No constant is fitted to these tables: they only check. Exit 1 when a modelled row is off by more
-than the tolerance (10 %).
+beside the published figure with the error. Where the source also prints a time, the predicted step
+time is put beside it (published_time.py), with each ladder's rank order. A row that cannot be expressed
+is listed with the reason. No constant is fitted to these tables: they only check. Exit 1 when a
+modelled row's memory is off by more than the tolerance (10 %).
 """
 import argparse
 import sys
@@ -21,6 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from decoder_rows import TABLES as DECODER_TABLES  # noqa: E402
 from decoder_rows import NotModelled  # noqa: E402
 from older_libraries import adjustments, stepping_as  # noqa: E402
+import published_time  # noqa: E402
 from vision_rows import TABLES as VISION_TABLES  # noqa: E402
 PUBLISHED = ROOT / "benchmarks" / "published"
 TOLERANCE_PCT = 10.0
@@ -140,7 +142,8 @@ def check(files: list[Path]) -> pd.DataFrame:
         counter, older = table["counter"], tuple(adjustments(table))
         for row in table["rows"]:
             out = {"table": path.stem, "row": row["label"], "counter": counter,
-                   "published GiB": None, "predicted GiB": None, "error %": None, "note": ""}
+                   "published GiB": None, "predicted GiB": None, "error %": None,
+                   "published s/step": None, "predicted s/step": None, "time error %": None, "note": ""}
             published = published_bytes(row)
             out["published GiB"] = None if published is None else published / GIB
             try:
@@ -153,6 +156,7 @@ def check(files: list[Path]) -> pd.DataFrame:
                 predicted = est.get(COUNTER_FIELD[counter])
                 if predicted is None:
                     raise NotModelled(f"the estimate ({est['method']}) predicts no {COUNTER_FIELD[counter]}")
+                out.update(published_time.columns(row, est))
                 out.update({"predicted GiB": predicted / GIB, "error %": 100 * (predicted - published) / published,
                             "note": f"{est['method']} on {est['hardware']}" + "".join(
                                 f"; as the source's library: {name}" for name in older)
@@ -165,7 +169,8 @@ def check(files: list[Path]) -> pd.DataFrame:
 
 def report(frame: pd.DataFrame) -> str:
     shown = frame.copy()
-    for column, spec in (("published GiB", "{:.3f}"), ("predicted GiB", "{:.3f}"), ("error %", "{:+.1f}")):
+    for column, spec in (("published GiB", "{:.3f}"), ("predicted GiB", "{:.3f}"), ("error %", "{:+.1f}"),
+                         ("published s/step", "{:.3f}"), ("predicted s/step", "{:.3f}"), ("time error %", "{:+.1f}")):
         shown[column] = [("–" if pd.isna(v) else spec.format(v)) for v in shown[column]]
     modelled = frame["error %"].notna()
     within = (frame["error %"].abs() <= TOLERANCE_PCT) & modelled
@@ -175,7 +180,7 @@ def report(frame: pd.DataFrame) -> str:
     if modelled.any():
         lines.append(f"median |error| {frame.loc[modelled, 'error %'].abs().median():.1f} %, "
                      f"largest {frame.loc[modelled, 'error %'].abs().max():.1f} %")
-    return "\n".join(lines)
+    return "\n".join(lines + published_time.summary(frame))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -136,3 +136,30 @@ def test_a_table_on_an_older_torch_is_stepped_as_its_foreach_adam_was():
     assert then["peak_bytes"] - now["peak_bytes"] == now["breakdown"]["temp"]
     sgd_now, sgd_then = (ve.estimate(job + ["optim=sgd"], cache, tuple(n)) for n in ([], names))
     assert sgd_now["peak_bytes"] == sgd_then["peak_bytes"]
+
+
+def test_a_published_time_is_read_as_seconds_per_optimizer_step_however_the_source_prints_it():
+    import published_time as pt
+
+    est = {"micro_batch_size": 4, "accumulation_steps": 4, "seq_len": 197, "predicted_step_s": 0.25}
+    assert pt.published_step_s({"time_elapsed": "12.91 min", "optimizer_steps": 2812}, est) == pytest.approx(
+        12.91 * 60 / 2812)
+    assert pt.published_step_s({"time_per_step": "1.27s/it"}, est) == 1.27
+    assert pt.published_step_s({"imgs_per_sec": 32.0}, est) == 0.5  # 16 images a step
+    assert pt.published_step_s({"tokens_per_sec": 16 * 197}, est) == 1.0
+    assert pt.published_step_s({"time_per_step": "OOM"}, est) is None and pt.published_step_s({}, est) is None
+    row = pt.columns({"time_per_step": "0.2s/it"}, est)
+    assert row["time error %"] == pytest.approx(25.0)
+    assert pt.columns({"time_per_step": "0.2s/it"}, {**est, "predicted_step_s": None})["time error %"] is None
+
+
+def test_a_ladders_predicted_order_by_time_is_its_rank_correlation_with_the_published_order():
+    import pandas as pd
+    import published_time as pt
+
+    frame = pd.DataFrame({"table": ["a"] * 4 + ["b"] * 2, "published s/step": [1.0, 2.0, 3.0, 4.0, 1.0, 2.0],
+                          "predicted s/step": [0.5, 0.7, 0.6, 2.0, 1.0, 2.0], "time error %": [1.0] * 6})
+    order = pt.ladder_order(frame)
+    assert list(order) == ["a"]  # b has two timed rows: no order to judge
+    assert order["a"] == pytest.approx(0.8)  # ranks 1,3,2,4 against 1,2,3,4
+    assert any("Spearman +0.80" in line for line in pt.summary(frame))

@@ -1,0 +1,69 @@
+"""The time a published row prints, as seconds per optimizer step, beside the estimate's predicted step time
+(the roofline, estimate/roofline.py), and whether a ladder's rows come out in the published order.
+
+Sources print time in their own ways; each is read as seconds per optimizer step:
+- `time_elapsed` ("17.94 min") over the row's `optimizer_steps`: a whole loop's wall time, so it includes
+  what the table's `time_basis` names beside the steps (an evaluation pass, data loading);
+- `time_per_step` ("1.27s/it");
+- `imgs_per_sec`: the step's images (micro-batch x accumulation) over it;
+- `toks_per_sec` / `tokens_per_sec`: the step's tokens (the estimate's: micro-batch x accumulation x length)
+  over it.
+A row that prints no time, or a word in its place ("OOM"), has none.
+"""
+import re
+from typing import Any, Optional
+
+import pandas as pd
+
+TOLERANCE_PCT = 30.0  # the issue's bound for a predicted time against a published one
+SECONDS = {"s": 1.0, "min": 60.0, "h": 3600.0}
+
+
+def published_step_s(row: dict[str, Any], est: dict[str, Any]) -> Optional[float]:
+    """Seconds per optimizer step as the row prints them, or None."""
+    if "time_elapsed" in row:
+        value, unit = str(row["time_elapsed"]).split()
+        return float(value) * SECONDS[unit] / int(row["optimizer_steps"])
+    if "time_per_step" in row:
+        found = re.fullmatch(r"([\d.]+)\s*s/it", str(row["time_per_step"]).strip())
+        return float(found.group(1)) if found else None
+    per_step = {"imgs_per_sec": est["micro_batch_size"] * est["accumulation_steps"],
+                "toks_per_sec": est["micro_batch_size"] * est["accumulation_steps"] * est["seq_len"]}
+    per_step["tokens_per_sec"] = per_step["toks_per_sec"]
+    for key, amount in per_step.items():
+        if key in row:
+            rate = pd.to_numeric(row[key], errors="coerce")
+            return None if pd.isna(rate) or rate <= 0 else amount / float(rate)
+    return None
+
+
+def columns(row: dict[str, Any], est: dict[str, Any]) -> dict[str, Optional[float]]:
+    """The row's time columns: published and predicted seconds per step and the error (None where either is
+    missing: the estimate says why in its step_time's why_not)."""
+    published, predicted = published_step_s(row, est), est.get("predicted_step_s")
+    error = None if not published or not predicted else 100 * (predicted - published) / published
+    return {"published s/step": published, "predicted s/step": predicted, "time error %": error}
+
+
+def ladder_order(frame: pd.DataFrame) -> dict[str, float]:
+    """{table: Spearman's rank correlation of predicted and published step time} over its rows with both
+    (three at least): whether the ladder's techniques are predicted to cost time in the published order."""
+    out = {}
+    timed = frame[frame["time error %"].notna()]
+    for table, rows in timed.groupby("table", sort=False):
+        if len(rows) >= 3:
+            out[table] = float(rows["predicted s/step"].rank().corr(rows["published s/step"].rank()))
+    return out
+
+
+def summary(frame: pd.DataFrame) -> list[str]:
+    timed = frame["time error %"].notna()
+    if not timed.any():
+        return ["no modelled row prints a time"]
+    within = int((frame.loc[timed, "time error %"].abs() <= TOLERANCE_PCT).sum())
+    lines = [f"{int(timed.sum())} modelled rows print a time; {within} within ±{TOLERANCE_PCT:.0f} % of it "
+             f"(predicted seconds per optimizer step, the roofline); median |error| "
+             f"{frame.loc[timed, 'time error %'].abs().median():.1f} %"]
+    lines += [f"  {table}: Spearman {rho:+.2f} (predicted against published order by time)"
+              for table, rho in ladder_order(frame).items()]
+    return lines
