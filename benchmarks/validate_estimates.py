@@ -46,7 +46,7 @@ def distilbert_precision_ladder(row: dict[str, Any], common: dict[str, Any]) -> 
     if precision not in DISTILBERT_PRECISION:
         raise NotModelled(f"{precision}: no memsweep precision")
     name = DISTILBERT_PRECISION[precision]
-    if name == "fp32" and row.get("float32_matmul_precision", "highest") != "highest":
+    if name == "fp32" and str(row.get("float32_matmul_precision", "highest")).split()[0] != "highest":
         name = "tf32"  # torch.set_float32_matmul_precision('high'/'medium'): TF32 matmuls, the same bytes
     # transformers 4.28's DistilBERT attention is eager; torch.optim.Adam keeps AdamW's two moments
     return ["model=distilbert", "hardware=a100_40gb", "batch_size=12", "max_seq_len=512", f"precision={name}",

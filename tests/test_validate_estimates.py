@@ -28,6 +28,9 @@ def test_rows_become_jobs_or_say_why_not():
     assert "precision=bf16" in ve.job_for("rasbt_distilbert_imdb_precision", ladder, {})[0]
     tf32 = {"precision": "fp32", "float32_matmul_precision": "high"}
     assert "precision=tf32" in ve.job_for("rasbt_distilbert_imdb_precision", tf32, {})[0]
+    # the table's own annotated value: fp32 matmuls as torch's default runs them, not TF32
+    rows, common = published_rows("rasbt_distilbert_imdb_precision")
+    assert "precision=fp32" in ve.job_for("rasbt_distilbert_imdb_precision", rows["Float32-regular"], common)[0]
     with pytest.raises(ve.NotModelled, match="fp16_true"):
         ve.job_for("rasbt_distilbert_imdb_precision", {"precision": "fp16_true (Fabric 16-true)"}, {})
     assert ve.published_bytes({"memory": 5.37, "unit": "GB"}) == 5.37e9
