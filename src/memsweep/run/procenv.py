@@ -30,8 +30,9 @@ def settle_imports() -> None:
     """Move what is alive now (mostly the millions of objects torch, transformers and the rest made as they
     were imported) out of the cyclic collector's reach, once the job's libraries are loaded: the collections
     a job makes (Accelerate's free_memory, the job's end) then walk only the job's own objects, about 0.7 s
-    fewer each on this CPU. Python's gc.freeze documents this use; what is garbage now is collected first,
-    and whatever dies later is still freed by its reference count."""
+    fewer each on this CPU. Python's gc.freeze documents this use. What is garbage now is collected first;
+    what is frozen and dies later is freed by its reference count, though a cycle among frozen objects is
+    not (the libraries' own objects live as long as the process; a sweep's earlier jobs leave little)."""
     gc.collect()
     gc.freeze()
 
