@@ -25,6 +25,7 @@ import yaml
 TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", re.IGNORECASE)
 # the first nightly with one intermediate in the foreach Adam family, and the release that carries it
 FOREACH_ADAM_ONE_INTERMEDIATE = (2, 1, "20230710")
+FOREACH_ADAM = "foreach Adam's second intermediate (torch < 2.1, pytorch#97712)"
 
 
 def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
@@ -49,14 +50,13 @@ def foreach_adam_holds_denom(version: Optional[tuple[int, int, str]]) -> bool:
 
 def adjustments(table: dict[str, Any]) -> list[str]:
     """The names of the adjustments a table's rows are estimated with (empty: the installed libraries)."""
-    return ["foreach Adam's second intermediate (torch < 2.1, pytorch#97712)"] if foreach_adam_holds_denom(
-        stated_torch(table)) else []
+    return [FOREACH_ADAM] if foreach_adam_holds_denom(stated_torch(table)) else []
 
 
 @contextlib.contextmanager
 def stepping_as(names: list[str]) -> Iterator[None]:
     """While a row is estimated: the optimizer steps as the table's torch did."""
-    if not names:
+    if FOREACH_ADAM not in names:
         yield
         return
     import torch
