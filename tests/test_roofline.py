@@ -57,6 +57,10 @@ def test_checkpointing_adds_the_recomputed_forward_to_backward():
     assert recomputed["forward_s"] == pytest.approx(plain["forward_s"], rel=0.02)
     extra = recomputed["backward_s"] - plain["backward_s"]
     assert 0.5 * plain["forward_s"] < extra <= 1.05 * plain["forward_s"]  # the blocks' forward, run again
+    # the recomputed forward is more ops for the host to dispatch; the mean op is their GPU time over them
+    assert recomputed["ops_per_micro_batch"] > plain["ops_per_micro_batch"] > 0
+    assert plain["gpu_us_per_op"] == pytest.approx(
+        1e6 * (plain["forward_s"] + plain["backward_s"]) / plain["ops_per_micro_batch"])
 
 
 def test_step_time_adds_accumulation_the_optimizer_and_offload_copies():

@@ -13,7 +13,10 @@ What the sum holds, because it is the step the memory trace runs: forward, backw
 recomputed forward, gradient clipping, the optimizer step (memory-bound: it reads and writes every state
 tensor) and bitsandbytes' quantize / dequantize ops (each dispatched as an op with its bytes). What it
 adds outside the ops: activation offload's host copies over the profile's host link. What it leaves out:
-kernel launch latency and Python time between ops, data loading, and collectives between processes.
+kernel launch latency and Python time between ops, data loading, and collectives between processes. So the
+step also says how many ops a micro-batch dispatches and their mean time on the GPU (`gpu_us_per_op`):
+where that is a few microseconds, eager PyTorch's dispatch of each op on the host (several microseconds
+an op) sets the pace, not the GPU, and the figure is well below what a run takes.
 """
 import contextlib
 from collections import Counter
@@ -119,9 +122,10 @@ def reading(roofline: Roofline) -> list:
 
 def seconds(ops: list, rates: Rates) -> dict:
     """One micro-batch's forward and backward and the optimizer step, timed at `rates`; which ops bound it."""
-    out = {**{p: 0.0 for p in PHASES}, "compute_bound_s": 0.0, "memory_bound_s": 0.0}
+    out = {**{p: 0.0 for p in PHASES}, "compute_bound_s": 0.0, "memory_bound_s": 0.0, "ops": dict.fromkeys(PHASES, 0)}
     no_rate = set()
     for phase, key, flops, moved, n in ops:
+        out["ops"][phase] += n
         key = rates.fp32_key if key == "fp32" else key
         rate = rates.flops.get(key) or (rates.flops.get("fp32") if key == "tf32" else None)
         if flops and not rate:
@@ -164,8 +168,13 @@ def step_time(traced: dict, plan, profile) -> dict:
         return {"step_s": None, "why_not": f"profile {profile.name} has no host_link_gbs for offload's copies"}
     host_s = accumulation * 2 * offloaded / rates.host_bytes_s if offloaded else 0.0
     total = accumulation * (parts["forward"] + parts["backward"]) + parts["step"] + host_s
+    # how many ops the host dispatches one by one, and their mean time on the GPU: a few microseconds each,
+    # and the host's dispatch of each op (not in this bound) paces the step instead
+    ops = parts["ops"]["forward"] + parts["ops"]["backward"]
     out = {"step_s": total, "forward_s": parts["forward"], "backward_s": parts["backward"],
            "optimizer_s": parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
+           "ops_per_micro_batch": ops, "ops_in_optimizer_step": parts["ops"]["step"],
+           "gpu_us_per_op": 1e6 * (parts["forward"] + parts["backward"]) / ops if ops else None,
            "compute_bound_share": parts["compute_bound_s"] / max(parts["compute_bound_s"] + parts["memory_bound_s"], 1e-30),
            "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), no efficiency factor"}
     if parts["no_rate"]:
