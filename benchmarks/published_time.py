@@ -6,8 +6,8 @@ Sources print time in their own ways; each is read as seconds per optimizer step
   what the table's `time_basis` names beside the steps (an evaluation pass, data loading);
 - `time_per_step` ("1.27s/it");
 - `imgs_per_sec`: the step's images (micro-batch x accumulation) over it;
-- `toks_per_sec` / `tokens_per_sec`: the step's tokens (the estimate's: micro-batch x accumulation x length)
-  over it.
+- `toks_per_sec` / `tokens_per_sec`, and `tps_per_gpu` of a job of several GPUs: the step's tokens on one
+  GPU (the estimate's, which speaks per rank: micro-batch x accumulation x length) over it.
 A row that prints no time, or a word in its place ("OOM"), has none.
 """
 import re
@@ -29,10 +29,10 @@ def published_step_s(row: dict[str, Any], est: dict[str, Any]) -> Optional[float
         return float(found.group(1)) if found else None
     per_step = {"imgs_per_sec": est["micro_batch_size"] * est["accumulation_steps"],
                 "toks_per_sec": est["micro_batch_size"] * est["accumulation_steps"] * est["seq_len"]}
-    per_step["tokens_per_sec"] = per_step["toks_per_sec"]
+    per_step["tokens_per_sec"] = per_step["tps_per_gpu"] = per_step["toks_per_sec"]
     for key, amount in per_step.items():
         if key in row:
-            rate = pd.to_numeric(row[key], errors="coerce")
+            rate = pd.to_numeric(str(row[key]).replace(",", ""), errors="coerce")  # "5,762" as printed
             return None if pd.isna(rate) or rate <= 0 else amount / float(rate)
     return None
 

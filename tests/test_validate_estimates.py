@@ -150,6 +150,7 @@ def test_a_published_time_is_read_as_seconds_per_optimizer_step_however_the_sour
     assert pt.published_step_s({"time_per_step": "1.27s/it"}, est) == 1.27
     assert pt.published_step_s({"imgs_per_sec": 32.0}, est) == 0.5  # 16 images a step
     assert pt.published_step_s({"tokens_per_sec": 16 * 197}, est) == 1.0
+    assert pt.published_step_s({"tps_per_gpu": "1,576"}, est) == 2.0  # as printed, per GPU
     assert pt.published_step_s({"time_per_step": "OOM"}, est) is None and pt.published_step_s({}, est) is None
     row = pt.columns({"time_per_step": "0.2s/it"}, est)
     assert row["time error %"] == pytest.approx(25.0)
