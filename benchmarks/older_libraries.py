@@ -23,7 +23,8 @@ import yaml
 
 # "torch 2.0.0", "torch 2.1.0.dev20230623+cu118", "PyTorch 2.1.0+cu121": the first version the table states
 TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", re.IGNORECASE)
-# the first nightly with one intermediate in the foreach Adam family, and the release that carries it
+# (major, minor, nightly date) of the change: the foreach Adam family's PRs merged from 2023-07-10 on, so a 2.1
+# nightly dated before keeps two lists; the 2.1.0 release (October 2023) and later keep one
 FOREACH_ADAM_ONE_INTERMEDIATE = (2, 1, "20230710")
 FOREACH_ADAM = "foreach Adam's second intermediate (torch < 2.1, pytorch#97712)"
 
