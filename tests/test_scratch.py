@@ -62,6 +62,7 @@ def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
     from memsweep.config.hardware import load_profile
     from memsweep.estimate.__main__ import compose
     from memsweep.estimate.core import estimate_job
+    from memsweep.estimate.trace import PER_GPU
 
     # 32 x 256 tokens: an A100 splits each bias gradient's sum over more blocks than a T4
     job = compose(TINY + ["model.hidden_size=256", "model.intermediate_size=1024", "batch_size=32",
@@ -75,7 +76,7 @@ def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
     # the tensors are the same on both; what the allocator serves differs by the kernels' scratch
     assert on_a100.peak_bytes == on_t4.peak_bytes
     assert on_a100.peak_allocated_bytes > on_t4.peak_allocated_bytes > on_t4.peak_bytes
-    alone = {k: v for k, v in traced.items() if k not in ("allocator", "gpu", "workspace", "readings")}
+    alone = {k: v for k, v in traced.items() if k not in PER_GPU}
     assert estimate_job(job, t4, {next(iter(memo)): alone}).peak_allocated_bytes == on_t4.peak_allocated_bytes
 
 

@@ -70,7 +70,8 @@ class Recorder(TorchDispatchMode):
             if isinstance(t, int):
                 self.events.append(("alloc", f"block{n}", t))
                 self.categories[f"block{n}"] = category
-                self.workspaces += [f"block{n}"] if category == "workspace" else []
+                if category == "workspace":
+                    self.workspaces.append(f"block{n}")
             else:
                 self.see(t, category)
         self.seed = []

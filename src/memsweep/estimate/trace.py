@@ -74,7 +74,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
     if adjustment is not None:
         reading.update(adjusted_reading(recorder, adjustment, profile, spec))  # with this GPU's scratch
-        reading.update(gpu=scratch.gpu_of(profile), workspace=workspace_bytes(profile))
+        reading.update(zip(("gpu", "workspace"), reading_key(profile)))
         if adjustment.save_on_host:  # what save_on_cpu copies to the host per micro-batch, and back in backward
             reading["offloaded_bytes_per_micro_batch"] = sum(
                 e[2] for e in recorder.events if e[0] == "alloc" and recorder.categories.get(e[1]) == "host"
@@ -88,10 +88,18 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     return {**reading, "seconds": round(time.perf_counter() - started, 2)}
 
 
+# what a trace holds for one GPU only (for_gpu makes them per GPU): a trace without them is any GPU's
+PER_GPU = ("allocator", "gpu", "workspace", "readings")
+
+
+def reading_key(profile: HardwareConf) -> tuple:
+    """What an allocator reading depends on besides the trace: the GPU's reduction split and its cuBLAS workspace."""
+    return scratch.gpu_of(profile), workspace_bytes(profile)
+
+
 def made_for(traced: dict[str, Any], profile: HardwareConf) -> bool:
     """Whether the trace's allocator reading is already the one for `profile`'s GPU (always, off CUDA)."""
-    return profile.device != "cuda" or (traced.get("gpu"), traced.get("workspace")) == (
-        scratch.gpu_of(profile), workspace_bytes(profile))
+    return profile.device != "cuda" or (traced.get("gpu"), traced.get("workspace")) == reading_key(profile)
 
 
 def readable_on(traced: dict[str, Any], profile: HardwareConf) -> bool:
@@ -106,7 +114,7 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
     serves GPUs of the same device this way."""
     if made_for(traced, profile):
         return traced
-    gpu, workspace = scratch.gpu_of(profile), workspace_bytes(profile)
+    gpu, workspace = reading_key(profile)
     readings = traced.setdefault("readings", {})
     if (gpu, workspace) not in readings:
         cublas = set(traced["cublas_keys"])

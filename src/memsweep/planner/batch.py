@@ -24,7 +24,7 @@ from typing import Optional
 from ..config.schema import Config, HardwareConf
 from ..estimate import capture
 from ..estimate.core import assemble, device_key, estimate_job
-from ..estimate.trace import for_gpu
+from ..estimate.trace import PER_GPU, for_gpu
 from ..run.plan import build_plan
 
 BASES = (2, 4)
@@ -81,7 +81,7 @@ def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
         return None
     reading = capture.tensor_reading(events, low["categories"])
     # the allocator's reading is made for the GPU at hand (trace.for_gpu): its kernels' scratch depends on it
-    kept = {k: v for k, v in low.items() if k not in ("allocator", "gpu", "workspace", "readings")}
+    kept = {k: v for k, v in low.items() if k not in PER_GPU}
     return {**kept, **reading, "optimizer_bytes": low["optimizer_bytes"], "recorded_peak_bytes": reading["peak_bytes"],
             "events": events, "reductions": reductions, "roofline_sequence": sequence,
             "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}
