@@ -121,6 +121,10 @@ def test_on_a_gpu_qlora_adds_the_block_scales_and_int8_runs_the_gpus_matmul():
     assert scales > 0
     assert qlora["peak_allocated_bytes"] - qlora["peak_bytes"] >= scales
     assert qlora["peak_bytes"] < plain["peak_bytes"]
+    # double quantization on fake tensors: 8-bit scales and their own fp32 ones, fewer bytes than fp32 scales
+    double = shape + ["lora=qlora", "lora.double_quant=true"]
+    assert_recorded_as_the_ledger(estimate(double), double)
+    assert quantization_state_bytes(double) < scales
     # LLM.int8 through MatMul8bitLt, as on a GPU: the 8-bit weights are far smaller than LoRA's 16-bit base
     int8 = estimate(shape + ["lora=int8"])
     assert int8["method"] == "trace" and any("MatMul8bitLt" in note for note in int8["notes"])

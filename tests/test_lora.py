@@ -43,3 +43,39 @@ def test_qlora_and_int8_quantize_every_attention_and_dense_layer(tmp_path):
         assert len(quantized) == 2 * 6  # q, k, v, attention output, intermediate, output in 2 layers
         assert all(m.weight.dtype in (torch.uint8, torch.int8) for m in quantized)
         assert not isinstance(model.base_model.model.classifier.original_module, layer_type)
+
+
+def test_qlora_double_quantizes_its_block_scales_and_computes_in_the_precisions_dtype(tmp_path):
+    import bitsandbytes as bnb
+
+    def layers(*options):
+        model = build_job(TINY + ["lora=qlora", *options], tmp_path.joinpath(*options)).trainer.model
+        return [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+
+    def scale_bytes(layer):
+        state = layer.weight.quant_state
+        nested = state.state2.absmax.nbytes + state.offset.nbytes if state.nested else 0
+        return state.absmax.nbytes + nested
+
+    plain, double = layers("lora.double_quant=false"), layers("lora.double_quant=true")
+    assert not any(m.weight.quant_state.nested for m in plain) and all(m.weight.quant_state.nested for m in double)
+    # an fp32 scale per 64 weights, against an 8-bit one plus an fp32 scale per 256 of those and an offset
+    weights = sum(m.weight.quant_state.shape.numel() for m in plain)
+    assert sum(map(scale_bytes, plain)) == 4 * weights // 64
+    assert sum(map(scale_bytes, double)) < 0.3 * sum(map(scale_bytes, plain))
+    assert {m.compute_dtype for m in plain} == {torch.float32}  # the tiny job's precision: fp32
+    assert {m.compute_dtype for m in layers("precision=bf16_true")} == {torch.bfloat16}
+
+
+def test_double_quantization_trains_and_applies_to_4_bit_weights_only(tiny_job):
+    import pytest
+    from conftest import job_of
+
+    from memsweep.config import validate
+    from memsweep.errors import ConfigError
+
+    res = tiny_job("lora=qlora", "lora.double_quant=true", "max_steps=2")
+    assert res["status"] == "ok", res["reason"]
+    job, _ = job_of(TINY + ["lora=int8", "lora.double_quant=true"])
+    with pytest.raises(ConfigError, match=r"lora.double_quant.*NF4 weights only.*lora.quantize=int8"):
+        validate.ranges(job)

@@ -11,7 +11,8 @@ def by_optim(tmp_path_factory):
     from conftest import TINY, run_job
 
     out = {}
-    for name in ("adamw", "adamw_fused", "adamw_torch", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit"):
+    for name in ("adamw", "adamw_fused", "adamw_torch", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit",
+                 "paged_adamw_32bit"):
         out[name] = run_job(TINY + [f"optim={name}", "max_steps=2"], tmp_path_factory.mktemp(name))
     return out
 
@@ -21,14 +22,15 @@ def test_every_optimizer_runs_and_is_the_one_asked_for(by_optim):
     # transformers builds both 8-bit variants as bitsandbytes' AdamW(optim_bits=8, is_paged=...)
     assert seen == {"adamw": ("ok", "AdamW"), "adamw_fused": ("ok", "AdamW"), "adamw_torch": ("ok", "AdamW"),
                     "sgd": ("ok", "SGD"), "adafactor": ("ok", "Adafactor"), "adamw_8bit": ("ok", "AdamW"),
-                    "paged_adamw_8bit": ("ok", "AdamW")}
+                    "paged_adamw_8bit": ("ok", "AdamW"), "paged_adamw_32bit": ("ok", "AdamW")}
 
 
 def test_the_default_adamw_steps_with_the_fused_kernel(by_optim):
     # Trainer's own default (adamw_torch_fused); adamw_torch is torch's default kernel: a loop on the CPU
     kernels = {k: r["effective"]["optimizer_kernel"] for k, r in by_optim.items()}
     assert kernels == {"adamw": "fused", "adamw_fused": "fused", "adamw_torch": "for-loop", "sgd": "for-loop",
-                       "adafactor": None, "adamw_8bit": None, "paged_adamw_8bit": None}
+                       "adafactor": None, "adamw_8bit": None, "paged_adamw_8bit": None,
+                       "paged_adamw_32bit": None}
 
 
 def test_adamw_state_is_two_fp32_copies_of_the_trainable_parameters(by_optim):
@@ -46,6 +48,9 @@ def test_optimizer_state_as_a_share_of_adamw(by_optim):
     # tiny model is mostly embedding, so the saving is small here; it is 8-bit everywhere else.
     assert share["adamw_8bit"] < 1 and share["paged_adamw_8bit"] == pytest.approx(share["adamw_8bit"], rel=1e-3)
     assert share["adamw_fused"] == share["adamw_torch"] == 1.0  # same state, other kernels
+    # bitsandbytes' 32-bit AdamW (paged on a GPU; on the CPU it says it falls back to plain memory): Adam's
+    # two fp32 moments, within its per-tensor step bookkeeping
+    assert share["paged_adamw_32bit"] == pytest.approx(1.0, rel=1e-3)
 
 
 def test_adamw_step_temporaries_are_not_counted_as_optimizer_state(tiny_job, tmp_path):

@@ -55,6 +55,7 @@ class OptimName(str, Enum):
     adafactor = "adafactor"
     adamw_bnb_8bit = "adamw_bnb_8bit"
     paged_adamw_8bit = "paged_adamw_8bit"
+    paged_adamw_32bit = "paged_adamw_32bit"
 
 
 class FreezeName(str, Enum):

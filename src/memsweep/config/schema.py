@@ -132,6 +132,7 @@ class LoraConf(Switch):
     # null = the attention's q/k/v projections (structure.py); a list of module names; or all-linear
     target_modules: Any = None
     quantize: Quantize = Quantize.none
+    double_quant: bool = False  # nf4 only: its block scales quantized again (bnb_4bit_use_double_quant)
 
 
 @dataclass

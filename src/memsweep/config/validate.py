@@ -177,6 +177,9 @@ def ranges(job: Config) -> None:
                                                             and all(isinstance(t, str) for t in targets))):
         raise ConfigError("lora.target_modules", f"{targets!r} is not allowed; allowed: null (the attention's q/k/v "
                                                  "projections), all-linear, or a list of module names")
+    if job.lora.double_quant and job.lora.quantize.value != "nf4":
+        raise ConfigError("lora.double_quant", f"true applies to 4-bit NF4 weights only (lora=qlora), not "
+                                               f"lora.quantize={job.lora.quantize.value}; allowed here: false")
 
 
 def nodes(dist) -> None:

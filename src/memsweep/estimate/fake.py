@@ -176,6 +176,11 @@ def quantize_bitsandbytes(model) -> None:
     import bitsandbytes as bnb
     import bitsandbytes.functional as F
 
+    with dynamic_map(F, model):
+        quantize_layers(model, bnb, F)
+
+
+def quantize_layers(model, bnb, F) -> None:
     for module in model.modules():
         w = getattr(module, "weight", None)
         if isinstance(module, bnb.nn.Linear4bit):
@@ -187,3 +192,24 @@ def quantize_bitsandbytes(model) -> None:
             CB, SCB, _ = F.int8_vectorwise_quant(w.to(torch.float16))
             module.weight = torch.nn.Parameter(CB, requires_grad=False)
             module.weight.__dict__.update(CB=CB, SCB=SCB, has_fp16_weights=False)
+
+
+@contextlib.contextmanager
+def dynamic_map(F, model):
+    """bitsandbytes' 256-entry dynamic map, which double quantization quantizes the 4-bit block scales with,
+    as a fake tensor where bitsandbytes caches it while the layers are quantized (its values are computed,
+    so it is made outside fake mode); bitsandbytes' own cache is left as it was."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    fake_mode = next(p for p in model.parameters() if hasattr(p, "fake_mode")).fake_mode
+    kept = F.name2qmap.get("dynamic")
+    with unset_fake_temporarily():
+        real = kept if kept is not None else F.create_dynamic_map()
+    F.name2qmap["dynamic"] = fake_mode.from_tensor(real)
+    try:
+        yield
+    finally:
+        if kept is None:
+            del F.name2qmap["dynamic"]
+        else:
+            F.name2qmap["dynamic"] = kept

@@ -31,6 +31,7 @@ TRAITS = {
     OptimName.adafactor: Traits("adafactor", 32, paged=False, fused=False),
     OptimName.adamw_bnb_8bit: Traits("adamw", 8, paged=False, fused=False),
     OptimName.paged_adamw_8bit: Traits("adamw", 8, paged=True, fused=False),
+    OptimName.paged_adamw_32bit: Traits("adamw", 32, paged=True, fused=False),  # the QLoRA recipe's optimizer
 }
 
 
