@@ -160,11 +160,11 @@ def on_fake_tensors(model, plan, profile: HardwareConf):
             model.to_empty(device="cpu").train()
             for module, kept in settings.items():
                 module.weight.__dict__.update(kept)
-        quantize_bitsandbytes(model)
+        quantize_bitsandbytes(model, fake_mode)
         yield model
 
 
-def quantize_bitsandbytes(model) -> None:
+def quantize_bitsandbytes(model, fake_mode) -> None:
     """Quantize each bitsandbytes layer's fake weight as Params4bit / Int8Params do when moved to a
     device (their _quantize), with bitsandbytes' own ops, whose fake kernels give the packed shapes. A
     tensor subclass cannot wrap a fake tensor, so the weight becomes a frozen Parameter carrying what
@@ -176,11 +176,12 @@ def quantize_bitsandbytes(model) -> None:
     import bitsandbytes as bnb
     import bitsandbytes.functional as F
 
-    with dynamic_map(F, model):
+    with dynamic_map(F, fake_mode):
         quantize_layers(model, bnb, F)
 
 
 def quantize_layers(model, bnb, F) -> None:
+    """Each 4-bit and 8-bit layer's weight quantized in place (see quantize_bitsandbytes)."""
     for module in model.modules():
         w = getattr(module, "weight", None)
         if isinstance(module, bnb.nn.Linear4bit):
@@ -195,13 +196,12 @@ def quantize_layers(model, bnb, F) -> None:
 
 
 @contextlib.contextmanager
-def dynamic_map(F, model):
+def dynamic_map(F, fake_mode):
     """bitsandbytes' 256-entry dynamic map, which double quantization quantizes the 4-bit block scales with,
     as a fake tensor where bitsandbytes caches it while the layers are quantized (its values are computed,
     so it is made outside fake mode); bitsandbytes' own cache is left as it was."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    fake_mode = next(p for p in model.parameters() if hasattr(p, "fake_mode")).fake_mode
     kept = F.name2qmap.get("dynamic")
     with unset_fake_temporarily():
         real = kept if kept is not None else F.create_dynamic_map()
