@@ -92,25 +92,22 @@ def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
         raise NotModelled(f"no shipped architecture for {hub_id} (src/memsweep/archs/)")
     name, targets, kernels = SHIPPED[hub_id]
     quantization = str(row["quantization"]).split()[0]
-    if quantization.startswith("bnb.nf4"):
-        # Read in the sources the table names (lit-gpt 8641822b, Lightning 71aed751, bitsandbytes 0.41.1).
-        raise NotModelled(
-            "bitsandbytes 0.41.1 (the source's) kept every 4-bit linear's input for backward (MatMul4Bit "
-            "ctx.tensors = (A, B); dropped in 0.43.2, bitsandbytes PR #1270): for Llama-2-7B about 1.5 GiB of "
-            "saved inputs at 1,304 tokens, and Lightning's BitsandbytesPrecision quantized lm_head too "
-            "(no ignore_modules); "
-            "memsweep models the bitsandbytes it installs, which keeps neither"
-            + ("; and NF4 double quantization: memsweep's qlora has none" if quantization == "bnb.nf4-dq" else ""))
+    adapters = ["optim=adamw_torch", "lora=r8"]
+    if quantized := quantization.startswith("bnb.nf4"):
+        # Lightning's BitsandbytesPrecision (Lightning 71aed751, read) replaces every nn.Linear, the head
+        # included, by a 4-bit one computing in bf16; lit-gpt then steps bitsandbytes' PagedAdamW (32-bit)
+        adapters = ["optim=paged_adamw_32bit", "lora=qlora", "model.quantize_skip_modules=[]",
+                    f"lora.double_quant={str(quantization == 'bnb.nf4-dq').lower()}"]
     mb = int(row["micro_batch"])
-    caveat = (f"lit-gpt's chunked cross-entropy (128-token chunks) is modelled as one loss on the whole logits, "
-              f"at vocabulary x {int(row['seq_len']):,} x 2-4 bytes per sequence a few hundred MB")
+    caveat = "transformers' model code for lit-gpt's (the same layers and shapes)"
     if targets != ATTENTION:
         caveat += "; " + FUSED_QKV_CAVEAT
     if kernels:
         caveat += "; GELU as lit-gpt runs it, F.gelu(approximate='tanh') (hidden_act gelu_pytorch_tanh for gelu_new)"
     return (["task=causal_lm", f"model={name}", "hardware=a100_40gb", "batch_size=128",
              f"accumulation.steps={128 // mb}", f"max_seq_len={row['seq_len']}", "precision=bf16_true",
-             "optim=adamw_torch", "lora=r8", "lora.dropout=0.05", f"lora.target_modules={targets}", *kernels], caveat)
+             *adapters, "lora.dropout=0.05", f"lora.target_modules={targets}", *kernels], caveat + ("; the paged AdamW state of the adapters counted as device memory (bitsandbytes pages "
+                                    "it in unified memory, outside the allocated counter)" if quantized else ""))
 
 
 # --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------
@@ -171,15 +168,16 @@ def torchtitan(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 
 def litgpt_fsdp(row: dict[str, Any], common: dict[str, Any]) -> Job:
-    # memsweep traces FSDP at its world size; these per-rank figures are not what sharding leaves. Each
-    # is above a whole unsharded bf16 model plus the rank's shard (Llama-2-7B on 2 GPUs: 20.66 GiB against
-    # 12.55 + 6.28), and for 7B the 2-GPU figure is above the same job's on one GPU without FSDP (22.18
-    # against 21.30 GB). The cause is not established: lit-gpt ran FSDP1 through Lightning 2.1.0rc0,
-    # loaded the checkpoint with FSDP1's full-state-dict load on every rank (rank0_only=False), and
-    # reports the whole run's peak.
-    raise NotModelled(f"FSDP over {row['gpus']}: the per-rank peak is above a whole unsharded bf16 model plus the "
-                      "rank's shard (cause not established: lit-gpt's FSDP1 with a full-state-dict checkpoint load "
-                      "on every rank, whole-run peak); memsweep traces its own FSDP2 training step")
+    # Each per-rank figure is above a whole unsharded bf16 model plus the rank's shard (Llama-2-7B on 2 GPUs:
+    # 20.66 GiB against 12.55 + 6.28): FSDP1's flat parameters give every block its whole gradient, kept
+    # unsharded over the 128 / micro-batch accumulated micro-batches (older_libraries.FSDP1_FLAT, named by
+    # the table's FSDPStrategy). Lit-gpt's strategy: each Block a unit and checkpointed, FULL_SHARD.
+    n = int(str(row["gpus"]).split()[0])
+    job, caveat = litgpt_lora(row, common)
+    job = [o for o in job if not o.startswith("batch_size=")] + [
+        f"batch_size={128 * n}", f"distributed.nproc={n}", "fsdp=full_shard", "checkpointing=full"]
+    return job, caveat + ("; rank 0's training step, where the source prints rank 0's whole-run peak (training, "
+                          "and the validation and generation every 100 steps)")
 
 
 TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], Job]] = {

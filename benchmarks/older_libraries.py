@@ -14,6 +14,29 @@ and the versions it applies to, and a table that states no version gets none.
   intermediates"); the Adam family was reduced to one intermediate by the PRs of 2023-07-10 (#104898 for
   AdamW, the issue's comment of 2023-07-12 for Adam), so torch 2.0.x and the 2.1 nightlies dated before
   2023-07-10 hold the second list; torch 2.1.0 (October 2023) does not.
+- Lightning's `FSDPStrategy` is FSDP1 (`FullyShardedDataParallel`, with `use_orig_params=True` on torch >= 2.0),
+  where memsweep shards with FSDP2. FSDP1 flattens each unit's parameters into one FlatParameter, which
+  requires a gradient when any of them does: a unit mixing frozen and trainable parameters (a transformer
+  block with LoRA weights) gets a gradient for all of them. torch's FSDP docs ("FSDP has some constraints on
+  freezing parameters ... the gradient memory usage will be higher than expected (namely, equivalent to not
+  freezing those parameters)"), FSDP1's wrap-time warning naming the numels, Lightning-AI/litgpt issue #1417
+  and PR #1538 (the same block wrapping). Under `no_sync` (every micro-batch but an accumulated step's last)
+  FSDP1 keeps those gradients unsharded until the last micro-batch reduces them. While such a row is
+  estimated, every parameter of an FSDP unit holding a trainable one requires a gradient once the optimizer
+  is built (the optimizer still steps the trainable ones only, as the source's did): FSDP2 then computes,
+  accumulates unsharded and reduce-scatters the same gradient bytes. A unit of only frozen or only
+  trainable parameters is unchanged.
+- bitsandbytes before 0.43.2 kept a 4-bit linear's input for backward (`MatMul4Bit.forward`:
+  `ctx.tensors = (A, B)` whenever a gradient is needed), though the backward reads only the weight: for
+  every 4-bit layer whose input requires a gradient, that input stays alive until the layer's backward.
+  bitsandbytes PR #1270 (released in 0.43.2) saves `(None, B)`, as the installed one does. While a table
+  stating such a bitsandbytes is estimated, the installed MatMul4Bit keeps its input so.
+- lit-gpt's loss (`chunked_cross_entropy`, lit_gpt/utils.py, with `lm_head_chunk_size=128` in its fine-tuning
+  scripts) takes cross-entropy of the bf16 logits in 128-token chunks, without transformers' upcast to fp32.
+  While a table naming it is estimated, the causal-LM loss is computed so. (Its loop's `logits` variable also
+  keeps a micro-batch's graph until the next forward returns; the peak these tables print is their first
+  micro-batch's, which lit-gpt fills with the longest sample, with no earlier graph alive, so that is not
+  modelled.)
 """
 import contextlib
 import re
@@ -26,7 +49,12 @@ TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", r
 # (major, minor, nightly date) of the change: the foreach Adam family's PRs merged from 2023-07-10 on, so a 2.1
 # nightly dated before keeps two lists; the 2.1.0 release (October 2023) and later keep one
 FOREACH_ADAM_ONE_INTERMEDIATE = (2, 1, "20230710")
+BITSANDBYTES = re.compile(r"\bbitsandbytes[ =]+(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
+BNB_DROPS_INPUT = (0, 43, 2)  # the first release with PR #1270
 FOREACH_ADAM = "foreach Adam's second intermediate (torch < 2.1, pytorch#97712)"
+LITGPT_LOSS = "lit-gpt's chunked cross-entropy on bf16 logits (lit_gpt/utils.py chunked_cross_entropy)"
+BNB_KEEPS_INPUT = "bitsandbytes < 0.43.2 kept each 4-bit linear's input for backward (bitsandbytes PR #1270)"
+FSDP1_FLAT = "FSDP1's flat parameters: a unit with a trainable parameter gets a gradient for all (litgpt#1417)"
 
 
 def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
@@ -49,17 +77,137 @@ def foreach_adam_holds_denom(version: Optional[tuple[int, int, str]]) -> bool:
     return bool(nightly) and nightly < fixed_nightly  # 2.1.0 itself was released after the change
 
 
+def shards_with_fsdp1(table: dict[str, Any]) -> bool:
+    """Whether the table's set-up shards with Lightning's FSDPStrategy (FSDP1 in every Lightning release)."""
+    return "FSDPStrategy" in yaml.safe_dump(table.get("common", {}), width=10_000)
+
+
 def adjustments(table: dict[str, Any]) -> list[str]:
     """The names of the adjustments a table's rows are estimated with (empty: the installed libraries)."""
-    return [FOREACH_ADAM] if foreach_adam_holds_denom(stated_torch(table)) else []
+    stated = yaml.safe_dump(table.get("common", {}), width=10_000)
+    bnb = BITSANDBYTES.search(stated)
+    return ([FOREACH_ADAM] if foreach_adam_holds_denom(stated_torch(table)) else []) + (
+        [BNB_KEEPS_INPUT] if bnb and tuple(map(int, bnb.groups())) < BNB_DROPS_INPUT else []) + (
+        [FSDP1_FLAT] if shards_with_fsdp1(table) else []) + (
+        [LITGPT_LOSS] if "chunked_cross_entropy" in stated else [])
 
 
 @contextlib.contextmanager
 def stepping_as(names: list[str]) -> Iterator[None]:
-    """While a row is estimated: the optimizer steps as the table's torch did."""
-    if FOREACH_ADAM not in names:
+    """While a row is estimated: the optimizer steps, and FSDP makes gradients, as the table's libraries did."""
+    with contextlib.ExitStack() as stack:
+        if FOREACH_ADAM in names:
+            stack.enter_context(foreach_adam_with_denom())
+        if FSDP1_FLAT in names:
+            stack.enter_context(flat_unit_gradients())
+        if LITGPT_LOSS in names:
+            stack.enter_context(litgpt_loss())
+        if BNB_KEEPS_INPUT in names:
+            stack.enter_context(matmul_4bit_keeps_input())
         yield
-        return
+
+
+@contextlib.contextmanager
+def matmul_4bit_keeps_input() -> Iterator[None]:
+    """bitsandbytes' MatMul4Bit holding its input from its forward to its backward, as before 0.43.2 (see the
+    module). There the reference outlived the backward for as long as anything held the graph (a loop's
+    `loss` until the next micro-batch's); the published peaks are a first micro-batch's (the longest sample
+    first), with no earlier graph alive, so here it ends with the layer's backward."""
+    from bitsandbytes.autograd._functions import MatMul4Bit
+
+    forward, backward = MatMul4Bit.forward, MatMul4Bit.backward
+
+    def keeping(ctx, A, B, *args, **kwargs):
+        out = forward(ctx, A, B, *args, **kwargs)
+        if any(ctx.needs_input_grad[:2]):
+            ctx.tensors = (A, ctx.tensors[1])
+        return out
+
+    def releasing(ctx, grad_output):
+        grads = backward(ctx, grad_output)
+        ctx.tensors = (None, None)
+        return grads
+
+    MatMul4Bit.forward, MatMul4Bit.backward = staticmethod(keeping), staticmethod(releasing)
+    try:
+        yield
+    finally:
+        MatMul4Bit.forward, MatMul4Bit.backward = staticmethod(forward), staticmethod(backward)
+
+
+@contextlib.contextmanager
+def litgpt_loss(chunk: int = 128) -> Iterator[None]:
+    """transformers' causal-LM loss as lit-gpt's chunked_cross_entropy computes it (see the module)."""
+    import torch
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    installed = LOSS_MAPPING["ForCausalLM"]
+
+    def chunked(logits, labels, vocab_size, ignore_index=-100, **kwargs):
+        pairs = zip(logits[..., :-1, :].split(chunk, dim=1), labels[..., 1:].split(chunk, dim=1))
+        losses = [torch.nn.functional.cross_entropy(x.reshape(-1, vocab_size), y.reshape(-1),
+                                                    ignore_index=ignore_index, reduction="none") for x, y in pairs]
+        return torch.cat(losses).mean()
+
+    LOSS_MAPPING["ForCausalLM"] = chunked
+    try:
+        yield
+    finally:
+        LOSS_MAPPING["ForCausalLM"] = installed
+
+
+@contextlib.contextmanager
+def flat_unit_gradients() -> Iterator[None]:
+    """FSDP1's FlatParameter, made by FSDP2's per-parameter gradients (see the module): the model's parameters
+    in one dtype when it is sharded (a FlatParameter holds one: peft's fp32 adapters in the frozen weights'
+    dtype, as lit-gpt's bf16-true kept them), and once the optimizer is built, every parameter of a unit
+    holding a trainable one requiring a gradient."""
+    import memsweep.estimate.sharded as sharded
+    import memsweep.estimate.trace as trace
+
+    shard, build = sharded.shard, trace.build_optimizer
+
+    def in_one_dtype(model, *args):
+        dtype = max(dtypes(model), key=dtypes(model).count)
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+        return shard(model, *args)
+
+    def then_flat(plan, model, profile, spec):
+        optimizer = build(plan, model, profile, spec)
+        for unit in units(model):
+            if any(p.requires_grad for p in unit):
+                for p in unit:
+                    p.requires_grad_(True)
+        return optimizer
+
+    sharded.shard, trace.build_optimizer = in_one_dtype, then_flat
+    try:
+        yield
+    finally:
+        sharded.shard, trace.build_optimizer = shard, build
+
+
+def dtypes(model) -> list[Any]:
+    """The floating-point dtype of each parameter."""
+    return [p.dtype for p in model.parameters() if p.is_floating_point()]
+
+
+def units(model) -> list[list[Any]]:
+    """Each FSDP unit's own parameters (those of no unit nested in it), as FSDP1 would flatten them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    found = []
+    for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):
+        nested = {id(p) for m in unit.modules() if m is not unit and isinstance(m, FSDPModule) for p in m.parameters()}
+        found.append([p for p in unit.parameters() if id(p) not in nested])
+    return found
+
+
+@contextlib.contextmanager
+def foreach_adam_with_denom() -> Iterator[None]:
+    """torch's foreach Adam / AdamW as it stepped before July 2023 (see the module)."""
     import torch
     import torch.optim.adam as adam
 

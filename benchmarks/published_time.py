@@ -37,10 +37,12 @@ def published_step_s(row: dict[str, Any], est: dict[str, Any]) -> Optional[float
     return None
 
 
-def columns(row: dict[str, Any], est: dict[str, Any]) -> dict[str, Optional[float]]:
+def columns(row: dict[str, Any], est: dict[str, Any], timed_card: bool = True) -> dict[str, Optional[float]]:
     """The row's time columns: published and predicted seconds per step and the error (None where either is
-    missing: the estimate says why in its step_time's why_not)."""
-    published, predicted = published_step_s(row, est), est.get("predicted_step_s")
+    missing: the estimate says why in its step_time's why_not; and no published time where the estimate's
+    profile is not the card that measured it, `timed_card` False: the table's `time_on_profile: false`)."""
+    published = published_step_s(row, est) if timed_card else None
+    predicted = est.get("predicted_step_s")
     error = None if not published or not predicted else 100 * (predicted - published) / published
     return {"published s/step": published, "predicted s/step": predicted, "time error %": error}
 

@@ -60,7 +60,7 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
     rows, common = published_rows("litgpt_lora_alpaca_1xa100_40gb")
     overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / None / micro-batch 2"], common)
     assert {"model=llama-2-7b", "hardware=a100_40gb", "accumulation.steps=64", "max_seq_len=1304", "lora=r8",
-            "lora.target_modules=[q_proj,v_proj]"} <= set(overrides) and "chunked cross-entropy" in caveat
+            "lora.target_modules=[q_proj,v_proj]", "optim=adamw_torch"} <= set(overrides)
     overrides, _ = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["1.3 B phi-1.5 / None / micro-batch 4"], common)
     assert {"model=phi-1.5", "accumulation.steps=32", "max_seq_len=1044", "lora.target_modules=[q_proj,v_proj]",
             "+model.overrides.hidden_act=gelu_pytorch_tanh"} <= set(overrides)
@@ -72,10 +72,13 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
     assert {"model=llama-2-13b", "accumulation.steps=128", "max_seq_len=1304"} <= set(overrides)
     with pytest.raises(ve.NotModelled, match="no shipped architecture for tiiuae/falcon-40b"):
         ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["40 B Falcon 40B / None / micro-batch 1"], common)
-    with pytest.raises(ve.NotModelled, match="double quantization"):
-        ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / bnb.nf4-dq / micro-batch 1"], common)
-    with pytest.raises(ve.NotModelled, match=r"bitsandbytes 0\.41\.1 .*kept every 4-bit linear's input"):
-        ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / bnb.nf4 / micro-batch 1"], common)
+    # Lightning's BitsandbytesPrecision: every linear in 4 bits, the head too; lit-gpt's PagedAdamW
+    for label, double in (("7 B Llama 2 7B / bnb.nf4-dq / micro-batch 1", "true"),
+                          ("7 B Llama 2 7B / bnb.nf4 / micro-batch 1", "false")):
+        overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows[label], common)
+        assert {"lora=qlora", "model.quantize_skip_modules=[]", "optim=paged_adamw_32bit", "precision=bf16_true",
+                f"lora.double_quant={double}"} <= set(overrides) and "paged" in caveat
+        assert "lora=r8" not in overrides and "optim=adamw_torch" not in overrides
     rows, common = published_rows("torchtune_llama2_7b_lora_rank_targets")
     overrides, _ = ve.job_for("torchtune_llama2_7b_lora_rank_targets", rows["all layers, rank 64"], common)
     assert {"lora.r=64", "lora.alpha=128", "checkpointing=full", "max_seq_len=512",
@@ -116,6 +119,12 @@ def test_the_vision_rows_are_vit_jobs_or_say_why_not():
     assert "optim=adamw_8bit" in ve.job_for("torchao_low_bit_adamw_vit_h", rows["bnb 8-bit"], common)[0]
     with pytest.raises(ve.NotModelled, match="no torchao or lpmm"):
         ve.job_for("torchao_low_bit_adamw_vit_h", rows["ao 4-bit"], common)
+    rows, common = published_rows("torchao_cpu_offload_vit_giant")
+    giant, caveat = ve.job_for("torchao_cpu_offload_vit_giant", rows["None"], common)
+    assert {"model=dinov2-giant", "+model.overrides.image_size=224", "batch_size=32", "precision=bf16_true",
+            "optim=adamw_fused", "checkpointing=full", "hardware.memory_gib=16"} <= set(giant) and "257 tokens" in caveat
+    with pytest.raises(ve.NotModelled, match="optimizer offload"):
+        ve.job_for("torchao_cpu_offload_vit_giant", rows["ao"], common)
 
 
 def test_a_table_on_an_older_torch_is_stepped_as_its_foreach_adam_was():
@@ -154,6 +163,8 @@ def test_a_published_time_is_read_as_seconds_per_optimizer_step_however_the_sour
     assert pt.published_step_s({"time_per_step": "OOM"}, est) is None and pt.published_step_s({}, est) is None
     row = pt.columns({"time_per_step": "0.2s/it"}, est)
     assert row["time error %"] == pytest.approx(25.0)
+    # estimated on another card's profile (the table's time_on_profile: false): its time is not compared
+    assert pt.columns({"time_per_step": "0.2s/it"}, est, timed_card=False)["time error %"] is None
     assert pt.columns({"time_per_step": "0.2s/it"}, {**est, "predicted_step_s": None})["time error %"] is None
 
 
@@ -167,3 +178,61 @@ def test_a_ladders_predicted_order_by_time_is_its_rank_correlation_with_the_publ
     assert list(order) == ["a"]  # b has two timed rows: no order to judge
     assert order["a"] == pytest.approx(0.8)  # ranks 1,3,2,4 against 1,2,3,4
     assert any("Spearman +0.80" in line for line in pt.summary(frame))
+
+
+def test_a_table_sharded_with_lightnings_fsdp1_gives_each_unit_with_a_trainable_weight_a_whole_gradient():
+    import older_libraries as older
+
+    assert older.FSDP1_FLAT in older.adjustments(yaml.safe_load((PUBLISHED / "litgpt_lora_alpaca_multi_a100_fsdp.yaml")
+                                                                .read_text()))
+    assert older.FSDP1_FLAT not in older.adjustments(yaml.safe_load((PUBLISHED / "litgpt_lora_alpaca_1xa100_40gb.yaml")
+                                                                    .read_text()))
+    rows, common = published_rows("litgpt_lora_alpaca_multi_a100_fsdp")
+    job, _ = ve.job_for("litgpt_lora_alpaca_multi_a100_fsdp", rows["13 B Llama 2 13B / None / micro-batch 1 / 4 x A100"],
+                        common)
+    assert {"distributed.nproc=4", "batch_size=512", "accumulation.steps=128", "fsdp=full_shard",
+            "checkpointing=full", "lora=r8"} <= set(job)
+    # tiny-llama, LoRA r8 on q/k/v, two blocks as two FSDP units over two ranks, two accumulated micro-batches
+    job = ["task=causal_lm", "model=tiny-llama", "hardware=a100_40gb", "batch_size=8", "accumulation.steps=2",
+           "max_seq_len=16", "precision=bf16_true", "optim=adamw_torch", "lora=r8", "distributed.nproc=2",
+           "fsdp=full_shard", "checkpointing=full"]
+    cache = {}
+    now, then = (ve.estimate(job, cache, names) for names in ((), (older.FSDP1_FLAT,)))
+    lora = (8 * 64 + 64 * 8) + 2 * (8 * 64 + 32 * 8)  # a block's A and B on q (64 -> 64), k and v (64 -> 32)
+    block = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64 + lora
+    assert now["breakdown"]["grads"] == 2 * lora * 4  # FSDP2: the adapters' fp32 gradients only
+    assert then["breakdown"]["grads"] == 2 * block * 2  # FSDP1: every block's whole bf16 gradient, unsharded
+    # still the adapters' state only (in bf16 now): not the blocks'
+    assert then["optimizer_bytes"] == pytest.approx(now["optimizer_bytes"] / 2, rel=0.01)
+
+
+def test_lit_gpts_tables_are_estimated_with_its_loss_and_its_bitsandbytes_4_bit_layers():
+    import torch
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    import older_libraries as older
+
+    table = yaml.safe_load((PUBLISHED / "litgpt_lora_alpaca_1xa100_40gb.yaml").read_text())
+    assert older.adjustments(table) == [older.BNB_KEEPS_INPUT, older.LITGPT_LOSS]  # bitsandbytes 0.41.1, torch 2.1.0
+    assert older.adjustments({"common": {"software": "bitsandbytes 0.43.2"}}) == []
+    # the chunked loss is the same mean cross-entropy over the shifted tokens (lit-gpt's mean also counts an
+    # ignored label's zero, as its code does; the tables' batches are right-padded with ignored labels)
+    logits, labels = torch.randn(2, 11, 7), torch.randint(0, 7, (2, 11))
+    with older.litgpt_loss(chunk=4):
+        chunked = LOSS_MAPPING["ForCausalLM"](logits, labels, 7)
+    assert LOSS_MAPPING["ForCausalLM"].__name__ == "ForCausalLMLoss"
+    assert torch.allclose(chunked, LOSS_MAPPING["ForCausalLM"](logits, labels, 7))
+    # tiny-llama in bf16 with every linear in 4 bits (the head too), on a GPU profile
+    job = ["task=causal_lm", "model=tiny-llama", "hardware=a100_40gb", "batch_size=2", "max_seq_len=16",
+           "precision=bf16_true", "lora=qlora", "model.quantize_skip_modules=[]", "optim=paged_adamw_32bit"]
+    cache = {}
+    now, keeps = (ve.estimate(job, cache, names) for names in ((), (older.BNB_KEEPS_INPUT,)))
+    # kept at most: each block's attention input (its first block's needs no gradient), attention output, MLP input
+    # and MLP product, and the head's input, in bf16 over 2 x 16 tokens
+    kept = (2 * (64 + 64 + 64 + 128) - 64 + 64) * 32 * 2
+    assert 0 < keeps["peak_allocated_bytes"] - now["peak_allocated_bytes"] <= kept
+    # at 2 x 128 tokens the peak is at the loss: no fp32 copy of the logits, nor an fp32 log-softmax and its gradient
+    long = [o for o in job if not o.startswith("max_seq_len")] + ["max_seq_len=128"]
+    now, loss = (ve.estimate(long, cache, names) for names in ((), (older.LITGPT_LOSS,)))
+    logits = 2 * 128 * 30522
+    assert now["peak_allocated_bytes"] - loss["peak_allocated_bytes"] >= 4 * logits

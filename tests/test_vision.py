@@ -1,11 +1,17 @@
 """task=image_classification: every technique's measurable effect on a vision transformer (the tiny random
 ViT, a few steps), the trace against the measured peak of the same jobs, the hub ViTs estimated offline, and
 the embedded digits."""
+import json
+from pathlib import Path
+
 import pytest
+import torch
 from conftest import THREADS, build_job, job_of, run_job
 from surfaces import assert_refused, no_work, refusal, train_py  # noqa: F401 - a fixture
 
 from memsweep.estimate import core
+
+ARCHS = Path(__file__).resolve().parents[1] / "src" / "memsweep" / "archs"
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
 pytestmark = pytest.mark.xdist_group("vision")
@@ -90,6 +96,20 @@ def test_the_hub_vits_are_estimated_offline_from_their_shipped_architecture(mode
     est = core.estimate_job(*job_of(["task=image_classification", f"model={model}", "hardware=a100_80gb",
                                      "batch_size=8", "optim=sgd"]))
     assert est.method == "trace" and est.total_params == pytest.approx(params, rel=0.01)
+
+
+def test_the_shipped_dinov2_giant_is_the_1_1b_vit_g14():
+    # DINOv2's ViT-g/14 ("1.1B"): 40 blocks of 1536 with 24 heads, biased q/k/v/o, layer scale and a SwiGLU MLP of
+    # 4096 (gate and up, then down), a class and a mask token, 37 x 37 + 1 positions at the hub's 518 x 518
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(**json.loads((ARCHS / "dinov2-giant.json").read_text()))
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    d, mlp = 1536, 4096
+    embeddings = 2 * d + (37 * 37 + 1) * d + d * 3 * 14 * 14 + d
+    block = 2 * 2 * d + 4 * (d * d + d) + 2 * d + 2 * (d * mlp + mlp) + mlp * d + d
+    assert sum(p.numel() for p in model.parameters()) == embeddings + 40 * block + 2 * d == 1_136_480_768
 
 
 # (arguments, the key the one line names): mistakes of the image task, refused before any work
