@@ -1,10 +1,11 @@
-"""Named adjustments for published rows measured on an older library than the one memsweep installs.
+"""Named adjustments for published rows measured with other libraries than the ones memsweep installs: older
+releases, FSDP1 where memsweep has FSDP2, a training script's own loss.
 
-memsweep's estimate is the step of the libraries it installs. A published figure measured years earlier
-can differ by what those libraries did then; where the source states its version and the difference is a
-documented change of that library, the row is estimated as that version stepped, and the adjustment is
-named in the row's note. Nothing here is fitted to a table: each adjustment is a mechanism with its source
-and the versions it applies to, and a table that states no version gets none.
+memsweep's estimate is the step of the libraries it installs. A published figure measured years earlier, or
+through another library's code, can differ by what that code did; where the source states its version or its
+set-up and the difference is a documented behaviour of that code, the row is estimated as that code stepped,
+and the adjustment is named in the row's note. Nothing here is fitted to a table: each adjustment is a
+mechanism with its source and what it applies to, and a table that states neither gets none.
 
 - torch's foreach Adam / AdamW before July 2023 made the update's denominator out of place:
   `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`, divided in place by the bias correction, then
@@ -38,6 +39,7 @@ and the versions it applies to, and a table that states no version gets none.
   micro-batch's, which lit-gpt fills with the longest sample, with no earlier graph alive, so that is not
   modelled.)
 """
+import collections
 import contextlib
 import re
 from typing import Any, Iterator, Optional
@@ -168,7 +170,7 @@ def flat_unit_gradients() -> Iterator[None]:
     shard, build = sharded.shard, trace.build_optimizer
 
     def in_one_dtype(model, *args):
-        dtype = max(dtypes(model), key=dtypes(model).count)
+        dtype = collections.Counter(dtypes(model)).most_common(1)[0][0]
         for p in model.parameters():
             if p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
