@@ -87,27 +87,32 @@ FUSED_QKV_CAVEAT = ("LoRA on the whole fused query_key_value (peft) for lit-gpt'
 
 
 def litgpt_lora(row: dict[str, Any], common: dict[str, Any]) -> Job:
+    return litgpt_job(row, gpus=1)
+
+
+def litgpt_job(row: dict[str, Any], gpus: int) -> Job:
+    """lit-gpt's finetune/lora.py: 128 sequences a step on each of `gpus` ranks, micro-batch per rank."""
     hub_id = str(row["model"]).split()[0]
     if hub_id not in SHIPPED:
         raise NotModelled(f"no shipped architecture for {hub_id} (src/memsweep/archs/)")
     name, targets, kernels = SHIPPED[hub_id]
     quantization = str(row["quantization"]).split()[0]
     adapters = ["optim=adamw_torch", "lora=r8"]
-    if quantized := quantization.startswith("bnb.nf4"):
+    caveat = "transformers' model code for lit-gpt's (the same layers and shapes)"
+    if quantization.startswith("bnb.nf4"):
         # Lightning's BitsandbytesPrecision (Lightning 71aed751, read) replaces every nn.Linear, the head
         # included, by a 4-bit one computing in bf16; lit-gpt then steps bitsandbytes' PagedAdamW (32-bit)
         adapters = ["optim=paged_adamw_32bit", "lora=qlora", "model.quantize_skip_modules=[]",
                     f"lora.double_quant={str(quantization == 'bnb.nf4-dq').lower()}"]
-    mb = int(row["micro_batch"])
-    caveat = "transformers' model code for lit-gpt's (the same layers and shapes)"
+        caveat += ("; the paged AdamW state of the adapters counted as device memory (bitsandbytes pages it in "
+                   "unified memory, outside the allocated counter)")
     if targets != ATTENTION:
         caveat += "; " + FUSED_QKV_CAVEAT
     if kernels:
         caveat += "; GELU as lit-gpt runs it, F.gelu(approximate='tanh') (hidden_act gelu_pytorch_tanh for gelu_new)"
-    return (["task=causal_lm", f"model={name}", "hardware=a100_40gb", "batch_size=128",
-             f"accumulation.steps={128 // mb}", f"max_seq_len={row['seq_len']}", "precision=bf16_true",
-             *adapters, "lora.dropout=0.05", f"lora.target_modules={targets}", *kernels], caveat + ("; the paged AdamW state of the adapters counted as device memory (bitsandbytes pages "
-                                    "it in unified memory, outside the allocated counter)" if quantized else ""))
+    return (["task=causal_lm", f"model={name}", "hardware=a100_40gb", f"batch_size={128 * gpus}",
+             f"accumulation.steps={128 // int(row['micro_batch'])}", f"max_seq_len={row['seq_len']}",
+             "precision=bf16_true", *adapters, "lora.dropout=0.05", f"lora.target_modules={targets}", *kernels], caveat)
 
 
 # --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------
@@ -173,11 +178,10 @@ def litgpt_fsdp(row: dict[str, Any], common: dict[str, Any]) -> Job:
     # unsharded over the 128 / micro-batch accumulated micro-batches (older_libraries.FSDP1_FLAT, named by
     # the table's FSDPStrategy). Lit-gpt's strategy: each Block a unit and checkpointed, FULL_SHARD.
     n = int(str(row["gpus"]).split()[0])
-    job, caveat = litgpt_lora(row, common)
-    job = [o for o in job if not o.startswith("batch_size=")] + [
-        f"batch_size={128 * n}", f"distributed.nproc={n}", "fsdp=full_shard", "checkpointing=full"]
-    return job, caveat + ("; rank 0's training step, where the source prints rank 0's whole-run peak (training, "
-                          "and the validation and generation every 100 steps)")
+    job, caveat = litgpt_job(row, gpus=n)
+    return job + [f"distributed.nproc={n}", "fsdp=full_shard", "checkpointing=full"], caveat + (
+        "; rank 0's training step, where the source prints rank 0's whole-run peak (training, and the validation "
+        "and generation every 100 steps)")
 
 
 TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], Job]] = {

@@ -59,9 +59,14 @@ BNB_KEEPS_INPUT = "bitsandbytes < 0.43.2 kept each 4-bit linear's input for back
 FSDP1_FLAT = "FSDP1's flat parameters: a unit with a trainable parameter gets a gradient for all (litgpt#1417)"
 
 
+def setup(table: dict[str, Any]) -> str:
+    """The table's set-up (its `common`) as one text, where versions and libraries are looked for."""
+    return yaml.safe_dump(table.get("common", {}), width=10_000)
+
+
 def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
     """(major, minor, nightly date or "" for a release) of the torch the table's set-up states, else None."""
-    found = TORCH.search(yaml.safe_dump(table.get("common", {}), width=10_000))
+    found = TORCH.search(setup(table))
     if found is None:
         return None
     major, minor, _, nightly = found.groups()
@@ -79,24 +84,20 @@ def foreach_adam_holds_denom(version: Optional[tuple[int, int, str]]) -> bool:
     return bool(nightly) and nightly < fixed_nightly  # 2.1.0 itself was released after the change
 
 
-def shards_with_fsdp1(table: dict[str, Any]) -> bool:
-    """Whether the table's set-up shards with Lightning's FSDPStrategy (FSDP1 in every Lightning release)."""
-    return "FSDPStrategy" in yaml.safe_dump(table.get("common", {}), width=10_000)
-
-
 def adjustments(table: dict[str, Any]) -> list[str]:
-    """The names of the adjustments a table's rows are estimated with (empty: the installed libraries)."""
-    stated = yaml.safe_dump(table.get("common", {}), width=10_000)
+    """The names of the adjustments a table's rows are estimated with (empty: the installed libraries).
+    Lightning's FSDPStrategy is FSDP1 in every Lightning release."""
+    stated = setup(table)
     bnb = BITSANDBYTES.search(stated)
     return ([FOREACH_ADAM] if foreach_adam_holds_denom(stated_torch(table)) else []) + (
         [BNB_KEEPS_INPUT] if bnb and tuple(map(int, bnb.groups())) < BNB_DROPS_INPUT else []) + (
-        [FSDP1_FLAT] if shards_with_fsdp1(table) else []) + (
+        [FSDP1_FLAT] if "FSDPStrategy" in stated else []) + (
         [LITGPT_LOSS] if "chunked_cross_entropy" in stated else [])
 
 
 @contextlib.contextmanager
 def stepping_as(names: list[str]) -> Iterator[None]:
-    """While a row is estimated: the optimizer steps, and FSDP makes gradients, as the table's libraries did."""
+    """While a row is estimated: the named code steps as the table's libraries did (see the module)."""
     with contextlib.ExitStack() as stack:
         if FOREACH_ADAM in names:
             stack.enter_context(foreach_adam_with_denom())
