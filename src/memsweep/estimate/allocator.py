@@ -90,7 +90,7 @@ class Options:
         return options
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Segment:
     """One cudaMalloc, or one expandable segment (`size` is then what is mapped of it)."""
     small: bool
@@ -100,7 +100,7 @@ class Segment:
     last: Optional["Block"] = None  # the block at its end (an expandable segment grows after it)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     """A piece of a segment: allocated, or cached in its pool. prev/next are its neighbours in the segment."""
     addr: int

@@ -301,14 +301,12 @@ def packing_envelope(events, categories: dict, options: Options) -> int:
     scaled steps as a smaller one and more above them (leaving out only rungs an octave down, which
     reserve the least), so its figure does not fall with the step's size; tests/test_packing.py checks
     it over a grid of real estimates."""
-    def scaled(fraction: float):
-        for event in events:
-            if event[0] == "alloc" and categories.get(event[1], "activations") == "activations":
-                yield "alloc", event[1], max(1, int(event[2] * fraction))
-            else:
-                yield event
+    scalable = [e[0] == "alloc" and categories.get(e[1], "activations") == "activations" for e in events]
 
-    total = sum(e[2] for e in events if e[0] == "alloc" and categories.get(e[1], "activations") == "activations")
+    def scaled(fraction: float) -> list:
+        return [("alloc", e[1], max(1, int(e[2] * fraction))) if s else e for e, s in zip(events, scalable)]
+
+    total = sum(e[2] for e, s in zip(events, scalable) if s)
     if total == 0:
         return replay(events, options).peak_reserved_bytes
     top = math.ceil(math.log2(total) * STEPS_PER_OCTAVE)
