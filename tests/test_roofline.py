@@ -6,6 +6,7 @@ import torch
 from conftest import job_of, run_job
 
 from memsweep.estimate import roofline
+from memsweep.config.hardware import load_profile
 from memsweep.estimate.core import estimate_job
 
 # the blocks outweigh the embeddings and head here, so recomputing them shows
@@ -91,3 +92,22 @@ def test_predicted_fp32_step_time_of_a_real_cpu_job_is_near_measured(tmp_path):
 # Not fitted: the roofline leaves out what a CPU spends outside the counted FLOPs and bytes (dropout's
 # random numbers, Python and dispatch time between ops), so it predicts short; this is the band measured.
 TOLERANCE = 0.5
+
+
+def test_the_trace_counts_the_flops_flop_counter_mode_counts():
+    """FLOPs per step come from the roofline's record (one counting pass fewer): FlopCounterMode over the same
+    micro-batch, with checkpointing's recomputed forward and LoRA, counts the same."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from memsweep.estimate import meta, step, trace
+    from memsweep.run.plan import build_plan
+
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=8",
+                     "accumulation=x4", "checkpointing=full", "precision=bf16", "lora=r8"])
+    profile = load_profile("a100_40gb")
+    plan, est = build_plan(job, profile), estimate_job(job, profile)
+    with trace.fake_job(job, plan, profile, meta.traced_model(job, plan)) as model, \
+            FlopCounterMode(display=False) as counter:
+        step.training_step(model, None, [step.fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)],
+                           plan)
+    assert est.flops_per_step == counter.get_total_flops() * plan.accumulation_steps > 0

@@ -92,7 +92,7 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         breakdown={**traced["breakdown"], "overhead": overhead}, activations_bytes=traced["activations_bytes"],
         grads_bytes=traced["grads_bytes"], optimizer_bytes=traced["optimizer_bytes"], capacity_bytes=capacity,
         fits=None if capacity is None else total <= capacity, margin_bytes=None if capacity is None else capacity - total,
-        flops_per_step=traced["flops_per_step"], flops_source="FlopCounterMode", compute_dtype=key, peak_tflops=tflops,
+        flops_per_step=traced["flops_per_step"], flops_source="torch.utils.flop_counter, per op", compute_dtype=key, peak_tflops=tflops,
         step_time_s=traced["flops_per_step"] / (tflops * 1e12) if tflops else None,
         predicted_step_s=timing["step_s"], tokens_per_s=tokens / timing["step_s"] if timing["step_s"] else None,
         step_time=timing,

@@ -17,6 +17,11 @@ kernel launch latency and Python time between ops, data loading, and collectives
 step also says how many ops a micro-batch dispatches and their mean time on the GPU (`gpu_us_per_op`):
 where that is a few microseconds, eager PyTorch's dispatch of each op on the host (several microseconds
 an op) sets the pace, not the GPU, and the figure is well below what a run takes.
+
+The ops are those eager PyTorch runs as kernels: no mode sits above the roofline. torch's FlopCounterMode
+decomposes an op it has no formula for (`func.decompose`: silu_backward into 8 elementwise ops, each timed
+as a kernel of its own), so the step's FLOPs are read off this record (`micro_batch_flops`, the same
+formulas) instead of counted by it.
 """
 import contextlib
 from collections import Counter
@@ -118,6 +123,12 @@ def recording():
 def reading(roofline: Roofline) -> list:
     """The record as the trace stores it: [phase, dtype key, FLOPs, bytes, count] per distinct op cost."""
     return [[*key, n] for key, n in sorted(roofline.ops.items())]
+
+
+def micro_batch_flops(ops: list) -> int:
+    """The FLOPs of one micro-batch's forward and backward in the record: each op's by
+    torch.utils.flop_counter's formulas, as FlopCounterMode counts them (the optimizer step's ops have none)."""
+    return sum(flops * n for phase, _, flops, _, n in ops if phase != "step")
 
 
 def seconds(ops: list, rates: Rates) -> dict:

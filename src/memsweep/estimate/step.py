@@ -131,28 +131,26 @@ def image_batch(config, micro_batch: int) -> dict[str, torch.Tensor]:
     return {"pixel_values": pixels, "labels": torch.zeros(micro_batch, dtype=torch.long)}
 
 
-def training_step(model, optimizer, batches, plan, around_micro_batches=contextlib.nullcontext, marks=NoMarks(),
-                  forward_contexts=None) -> None:
+def training_step(model, optimizer, batches, plan, marks=NoMarks(), forward_contexts=None) -> None:
     """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step (its own
     fp16 autocast on the CPU wraps the whole call, see trainer.py; Accelerate's is in model.forward).
     `forward_contexts` stand in for the plan's where the trace runs them otherwise (fake.save_on_host)."""
     dtype, accumulation = plan.autocast_dtype, plan.accumulation_steps
-    with around_micro_batches():
-        for n, batch in enumerate(batches):
-            with sharded.no_sync(model, sync=n == len(batches) - 1):
-                marks.mark("forward")
-                with contextlib.ExitStack() as stack:
-                    if dtype is not None:
-                        stack.enter_context(torch.autocast("cpu", dtype=dtype))
-                    for make_context in plan.forward_contexts if forward_contexts is None else forward_contexts:
-                        stack.enter_context(make_context())
-                    loss = model(**batch).loss
-                loss = loss / accumulation
-                if plan.grad_scaler or plan.args.get("fp16"):
-                    loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
-                marks.mark("backward")
-                loss.backward()
-                marks.tag_grads(model)
+    for n, batch in enumerate(batches):
+        with sharded.no_sync(model, sync=n == len(batches) - 1):
+            marks.mark("forward")
+            with contextlib.ExitStack() as stack:
+                if dtype is not None:
+                    stack.enter_context(torch.autocast("cpu", dtype=dtype))
+                for make_context in plan.forward_contexts if forward_contexts is None else forward_contexts:
+                    stack.enter_context(make_context())
+                loss = model(**batch).loss
+            loss = loss / accumulation
+            if plan.grad_scaler or plan.args.get("fp16"):
+                loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
+            marks.mark("backward")
+            loss.backward()
+            marks.tag_grads(model)
     marks.mark("step")
     if optimizer is not None:
         if plan.args.get("max_grad_norm", 0) > 0:

@@ -1,8 +1,8 @@
 """The trace: one warm-up and one measured training step of the job's real composed model (the same
 Plan, model class, technique transforms and optimizer class as a real job) on fake tensors (fake.py:
 shapes and dtypes, no storage), measured by the same LedgerTracker (torch's MemTracker) as real jobs.
-No weights, no data, no GPU; on the CPU it reproduces the measured ledger. FLOPs come from torch's
-FlopCounterMode on the warm-up step.
+No weights, no data, no GPU; on the CPU it reproduces the measured ledger. FLOPs come from the warm-up
+step's ops, each by torch.utils.flop_counter's formulas (roofline.py records them).
 
 The measured step's allocations and frees are recorded beside the ledger (capture.py): read as the
 ledger reads a step they give its peak (`recorded_peak_bytes`, a check); on a GPU profile they are
@@ -126,16 +126,16 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
 
 def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
-    behind. Its FLOPs are counted here: FlopCounterMode must not run inside the measured step (under
-    checkpointing it keeps recomputed activations alive: a false peak). Its ops are timed here too, by the
-    roofline (roofline.py): one micro-batch's forward and backward, and the optimizer step."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    flops = FlopCounterMode(display=False)
+    behind. Its ops are recorded here by the roofline (roofline.py): one micro-batch's forward and backward,
+    and the optimizer step; their FLOPs are the micro-batch's (torch.utils.flop_counter's formulas, op by op,
+    as FlopCounterMode sums them). The measured step runs under the ledger and the recorder only: a counting
+    mode there can keep what it sees alive (FlopCounterMode did, checkpointing's recomputed activations: a
+    false peak)."""
     batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
     with roofline.recording() as ops:
-        training_step(model, optimizer, [batch], plan, lambda: flops, marks=ops)
-    return flops.get_total_flops(), roofline.reading(ops), ops.sequence
+        training_step(model, optimizer, [batch], plan, marks=ops)
+    record = roofline.reading(ops)
+    return roofline.micro_batch_flops(record), record, ops.sequence
 
 
 def measured_batches(job: Config, plan, model) -> list:
