@@ -61,6 +61,20 @@ def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
         assert scaled[key] == pytest.approx(full[key], rel=twin.TOLERANCE), key
 
 
+def test_worker_processes_find_the_rows_found_here():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4",
+                     "plan.hardware=[t4,a100_40gb]", "plan.precision=[fp16,bf16_true,bf16]", "plan.lora=[none,r8]",
+                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]", "plan.workers=2"])
+    units = space.units(job)
+    # a combination and its precision twin in one unit (the one's trace serves the other); LoRA's first
+    assert [[c["precision"] for _, c in u] for u in units] == [["fp16", "bf16"], ["bf16_true"]] * 2
+    assert [u[0][1]["lora"] for u in units] == ["r8", "r8", "none", "none"]
+    assert sorted(n for u in units for n, _ in u) == list(range(1, 7))
+    lines = []
+    there, here = search.search(job, progress=lines.append), search.search(job, memo={})
+    assert len(lines) == 6 and there == here and any(r["status"] == "fits" for r in here)
+
+
 @pytest.fixture(scope="module")
 def plan_rows():
     # bf16 is refused on a T4 by a rule, before any trace

@@ -226,6 +226,7 @@ class PlanConf:
     # Identical blocks traced at these two depths and extrapolated to the model's (planner/depth.py);
     # empty: every row traced at full depth
     depths: list[int] = field(default_factory=lambda: [2, 3])
+    workers: int = 0  # processes searching the space (planner/parallel.py); 0: one per CPU this process may use
     top: int = 20  # rows printed per GPU (plan.csv / plan.md keep every row)
 
 

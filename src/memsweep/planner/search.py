@@ -11,7 +11,7 @@ from ..config import rules
 from ..config.hardware import load_profile
 from ..config.schema import Config, HardwareConf
 from ..errors import Unsupported
-from . import depth, floor, space
+from . import depth, floor, parallel, space
 
 
 def refusals(job: Config, profiles: list[HardwareConf]) -> dict[str, str]:
@@ -68,11 +68,23 @@ def floor_of(combo: dict, variant: Config, profile: HardwareConf, memo: dict) ->
 
 
 def search(job: Config, progress: Optional[Callable[[str], None]] = None, memo: Optional[dict] = None) -> list[dict]:
-    """Every row of the plan. `memo` (a dict the caller keeps) holds the traces and floors made."""
+    """Every row of the plan, unit by unit. Units (space.units) are searched in worker processes
+    (parallel.py); a caller that keeps `memo` (a dict: the traces and floors made) has them searched here."""
+    units, progress = space.units(job), progress or (lambda line: None)
+    processes = 1 if memo is not None else parallel.workers(job.plan.workers, len(units))
+    if processes > 1:
+        found = parallel.map_units(unit_rows, job, units, processes, progress)
+    else:
+        memo = {} if memo is None else memo
+        found = [unit_rows(job, unit, memo, progress) for unit in units]
+    return [row for rows in found for row in rows]
+
+
+def unit_rows(job: Config, unit: list[tuple[int, dict]], memo: dict, progress: Callable[[str], None]) -> list[dict]:
+    """The rows of a unit's combinations (each numbered in the space), micro-batches smallest first."""
     profiles = [load_profile(name) for name in job.plan.hardware]
-    memo, rows, sizes = {} if memo is None else memo, [], space.micro_batches(job)
-    depths = list(job.plan.depths) or None
-    for n, combo in enumerate(space.combinations(job), 1):
+    sizes, depths, rows = space.micro_batches(job), list(job.plan.depths) or None, []
+    for n, combo in unit:
         started = time.perf_counter()
         for i, m in enumerate(sizes):
             found, fits_any = rows_of(combo, m, job, profiles, memo, depths)
@@ -80,8 +92,7 @@ def search(job: Config, progress: Optional[Callable[[str], None]] = None, memo: 
             if not fits_any and any(r["status"] != "refused" for r in found):
                 rows += untraced(combo, sizes[i + 1:], m, job, found)
                 break
-        if progress:
-            progress(f"{n}: {' '.join(f'{k}={v}' for k, v in combo.items())} ({time.perf_counter() - started:.1f} s)")
+        progress(f"{n}: {' '.join(f'{k}={v}' for k, v in combo.items())} ({time.perf_counter() - started:.1f} s)")
     return rows
 
 

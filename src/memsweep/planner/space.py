@@ -7,6 +7,7 @@ from typing import Iterator
 
 from ..config.schema import CONF_DIR, Config
 from ..errors import ConfigError
+from .twin import family
 
 GROUPS = ("precision", "optim", "checkpointing", "lora")
 
@@ -42,6 +43,18 @@ def combinations(job: Config) -> Iterator[dict[str, str]]:
     for precision, checkpointing, lora in itertools.product(plan.precision, plan.checkpointing, plan.lora):
         for optim in plan.optim if lora == "none" else plan.lora_optim:
             yield {"precision": precision, "optim": optim, "checkpointing": checkpointing, "lora": lora}
+
+
+def units(job: Config) -> list[list[tuple[int, dict[str, str]]]]:
+    """The combinations, numbered in the space's order, in units a worker searches alone: a combination
+    and its precision twin (planner/twin.py: the one's trace serves the other) are one unit. LoRA-family
+    units first: their small weights and state fit at the most micro-batches, so they trace the most, and a
+    long unit is not left for last."""
+    grouped: dict[tuple, list] = {}
+    for n, combo in enumerate(combinations(job), 1):
+        key = (combo["lora"] == "none", family(combo["precision"]), combo["optim"], combo["checkpointing"], combo["lora"])
+        grouped.setdefault(key, []).append((n, combo))
+    return [grouped[key] for key in sorted(grouped, key=lambda k: k[0])]
 
 
 def section(group: str, option: str, kind):

@@ -22,6 +22,12 @@ TWINS = {PrecisionName.fp16: PrecisionName.bf16, PrecisionName.bf16: PrecisionNa
 TOLERANCE = 0.005
 
 
+def family(precision: str) -> str:
+    """A precision's and its twin's one name (the first in name order), or the precision's own."""
+    other = TWINS.get(PrecisionName(precision))
+    return precision if other is None else min(precision, other.value)
+
+
 def twin_of(job: Config) -> Config | None:
     other = TWINS.get(job.precision.name)
     return None if other is None else dataclasses.replace(job, precision=dataclasses.replace(job.precision, name=other))

@@ -1,0 +1,46 @@
+"""A plan's units searched in worker processes, one per CPU this process may use (or plan.workers).
+
+Each unit is a few combinations that share what a trace leaves behind (space.units): a worker keeps its own
+memo across the units it is given, so nothing crosses between processes but a unit in and its rows out.
+Workers are spawned (a fresh interpreter: no OpenMP or torch state copied from this process) and leave a
+stop to this process: a signal stops the plan here, and leaving the pool ends the workers at once.
+"""
+import multiprocessing
+import os
+import signal
+from typing import Callable
+
+# a worker's traces and floors, kept across the units it is given
+_memo: dict = {}
+
+
+def workers(wanted: int, units: int) -> int:
+    """How many processes: `wanted`, or with 0 every CPU this process may use; never more than units."""
+    return max(1, min(wanted or len(os.sched_getaffinity(0)), units))
+
+
+def _start() -> None:
+    # the terminal's Ctrl-C reaches every process of its group: the plan's own process handles it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(1)  # one process per CPU: a worker's ops on one thread
+
+
+def _run(task: tuple) -> tuple[int, list[dict], list[str]]:
+    index, search_unit, job, unit = task
+    lines: list[str] = []
+    return index, search_unit(job, unit, _memo, lines.append), lines
+
+
+def map_units(search_unit: Callable, job, units: list, processes: int, progress: Callable[[str], None]) -> list:
+    """[search_unit(job, unit, memo, progress) for each unit], run in `processes` workers; each unit's progress
+    lines are printed as it finishes."""
+    out: list = [None] * len(units)
+    with multiprocessing.get_context("spawn").Pool(processes, initializer=_start) as pool:
+        tasks = [(i, search_unit, job, unit) for i, unit in enumerate(units)]
+        for index, rows, lines in pool.imap_unordered(_run, tasks):
+            out[index] = rows
+            for line in lines:
+                progress(line)
+    return out
