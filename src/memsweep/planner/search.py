@@ -3,7 +3,8 @@ by a rule (config/rules.py), with its reason. Micro-batches are tried smallest f
 GPU, the larger ones are not traced (a larger micro-batch holds more activations and nothing less), and
 their rows say so. One trace serves every GPU (estimate.core's memo: the trace reads only the device). Before
 any trace, a combination whose weights, gradients and optimizer state (floor.py, the same at every micro-batch)
-no GPU can hold is listed as not fitting on each, with the figures, and not traced."""
+no GPU can hold is listed as not fitting on each, with the figures, and not traced. The combinations are
+searched in units (space.units), in worker processes where there are several CPUs (parallel.py)."""
 import time
 from typing import Callable, Optional
 
