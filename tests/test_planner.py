@@ -121,7 +121,8 @@ def test_plan_writes_its_tables(plan_rows, tmp_path):
 
 @pytest.mark.parametrize("override, key", [("plan.hardware=[nosuch]", "plan.hardware"),
                                            ("plan.lora=[r9]", "plan.lora"),
-                                           ("plan.micro_batches=[3]", "plan.micro_batches")])
+                                           ("plan.micro_batches=[3]", "plan.micro_batches"),
+                                           ("plan.workers=-1", "plan.workers")])
 def test_bad_plan_input_is_refused_naming_the_key(override, key):
     job, _ = job_of(WIDE + [override])
     with pytest.raises(ConfigError, match=key):

@@ -129,7 +129,7 @@ def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list]:
     behind. Its ops are recorded here by the roofline (roofline.py): one micro-batch's forward and backward,
     and the optimizer step; their FLOPs are the micro-batch's (torch.utils.flop_counter's formulas, op by op,
     as FlopCounterMode sums them). The measured step runs under the ledger and the recorder only: a counting
-    mode there can keep what it sees alive (FlopCounterMode did, checkpointing's recomputed activations: a
+    mode there can keep what it sees alive (FlopCounterMode keeps checkpointing's recomputed activations: a
     false peak)."""
     batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
     with roofline.recording() as ops:

@@ -29,6 +29,8 @@ def check(job: Config) -> None:
     for m in plan.micro_batches:
         if m < 1 or job.batch_size % m:
             raise ConfigError("plan.micro_batches", f"{m} does not divide batch_size={job.batch_size}")
+    if plan.workers < 0:
+        raise ConfigError("plan.workers", f"{plan.workers}: a number of processes >= 1, or 0 for one per CPU")
     if plan.top < 1 or (plan.depths and (len(plan.depths) != 2 or min(plan.depths) < 1)):
         raise ConfigError("plan.top / plan.depths", "top must be >= 1 and depths two depths >= 1 (or [] for full traces)")
 
@@ -52,7 +54,7 @@ def units(job: Config) -> list[list[tuple[int, dict[str, str]]]]:
     long unit is not left for last."""
     grouped: dict[tuple, list] = {}
     for n, combo in enumerate(combinations(job), 1):
-        key = (combo["lora"] == "none", family(combo["precision"]), combo["optim"], combo["checkpointing"], combo["lora"])
+        key = (combo["lora"] == "none", family(combo["precision"]), *(combo[g] for g in GROUPS[1:]))
         grouped.setdefault(key, []).append((n, combo))
     return [grouped[key] for key in sorted(grouped, key=lambda k: k[0])]
 
