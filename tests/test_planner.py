@@ -8,7 +8,7 @@ from conftest import job_of
 from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
 from memsweep.estimate.core import estimate_job
-from memsweep.planner import batch, depth, floor, search, space, table, twin
+from memsweep.planner import batch, depth, floor, parallel, search, space, table, twin
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
 pytestmark = pytest.mark.xdist_group("planner")
@@ -73,6 +73,11 @@ def test_worker_processes_find_the_rows_found_here():
     lines = []
     there, here = search.search(job, progress=lines.append), search.search(job, memo={})
     assert len(lines) == 6 and there == here and any(r["status"] == "fits" for r in here)
+
+
+def test_worker_count_is_asked_for_or_one_per_cpu_never_more_than_units():
+    assert parallel.workers(0, 100) == parallel.cpus() >= 1
+    assert (parallel.workers(3, 2), parallel.workers(1, 5), parallel.workers(0, 1)) == (2, 1, 1)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,13 @@ _memo: dict = {}
 
 def workers(wanted: int, units: int) -> int:
     """How many processes: `wanted`, or with 0 every CPU this process may use; never more than units."""
-    return max(1, min(wanted or len(os.sched_getaffinity(0)), units))
+    return max(1, min(wanted or cpus(), units))
+
+
+def cpus() -> int:
+    """The CPUs this process may use (its affinity, where the OS has one: Linux; else every CPU)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def _start() -> None:
