@@ -4,10 +4,12 @@ on this CPU the prediction of a real fp32 job against its measured step time."""
 import pytest
 import torch
 from conftest import job_of, run_job
+from torch.utils.flop_counter import FlopCounterMode
 
-from memsweep.estimate import roofline
 from memsweep.config.hardware import load_profile
+from memsweep.estimate import meta, roofline, step, trace
 from memsweep.estimate.core import estimate_job
+from memsweep.run.plan import build_plan
 
 # the blocks outweigh the embeddings and head here, so recomputing them shows
 LLAMA = ["task=causal_lm", "model=tiny-llama", "batch_size=4", "max_seq_len=128", "hardware=a100_40gb",
@@ -97,11 +99,6 @@ TOLERANCE = 0.5
 def test_the_trace_counts_the_flops_flop_counter_mode_counts():
     """FLOPs per step come from the roofline's record (one counting pass fewer): FlopCounterMode over the same
     micro-batch, with checkpointing's recomputed forward and LoRA, counts the same."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from memsweep.estimate import meta, step, trace
-    from memsweep.run.plan import build_plan
-
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=8",
                      "accumulation=x4", "checkpointing=full", "precision=bf16", "lora=r8"])
     profile = load_profile("a100_40gb")
