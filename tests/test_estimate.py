@@ -207,8 +207,8 @@ def test_an_estimate_that_cannot_be_made_is_recorded_not_raised():
 
 
 def whole_then_autofit_in_a_fresh_process(overrides, sweep_dir):
-    """The whole batch, then autofit, as one sweep of a fresh process: the CPU cap counts what the process
-    maps, and a test worker that ran larger jobs keeps what they freed mapped (malloc_reuse)."""
+    """The whole batch, then autofit, as one sweep of a fresh process, as a user runs it: the CPU cap counts
+    what the process maps, threads and arenas included, and a test worker's earlier jobs made more."""
     import subprocess
     import sys
 

@@ -1,5 +1,6 @@
 """malloc_reuse: freed host memory is reused by the next step instead of being mapped and faulted in anew."""
 import json
+import os
 import subprocess
 import sys
 
@@ -37,3 +38,38 @@ def test_a_later_job_is_told_what_the_process_runs_with(tiny_job, tmp_path):
     # It cannot be undone in a process: a later job that asks for false still runs with it, and says so.
     later = tiny_job("max_steps=4", "malloc_reuse=false", job_dir=tmp_path / "later")
     assert later["effective"]["malloc_reuse"] is True
+
+
+
+# In a fresh process with reuse on: blocks of 16 to 128 MiB, each freed before the next is made.
+BLOCKS_MADE_AND_FREED = """
+import sys, torch
+from memsweep.measure import memcap
+from memsweep.run import host_memory
+MiB = 2**20
+def make_and_free():
+    for n in range(1, 9):
+        torch.empty(n * 16 * MiB, dtype=torch.uint8).fill_(1)
+assert host_memory.keep_freed_memory()
+start = memcap.address_space_bytes()
+if sys.argv[1] == "capped":
+    with memcap.cap(160 * MiB):
+        assert not host_memory.in_effect()
+        make_and_free()
+    assert host_memory.in_effect()
+else:
+    make_and_free()
+print((memcap.address_space_bytes() - start) // MiB)
+"""
+
+
+@pytest.mark.parametrize("mode", ["free", "capped"])
+def test_a_capped_address_space_follows_the_live_blocks(mode):
+    done = subprocess.run([sys.executable, "-c", BLOCKS_MADE_AND_FREED, mode], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown_mib = int(done.stdout.split()[-1])
+    if mode == "free":  # reuse: the heap keeps what it grew to, the largest block
+        assert grown_mib >= 128
+    else:  # under the cap each block is mapped on its own and handed back when freed
+        assert grown_mib < 16

@@ -8,7 +8,8 @@ which job.py records as `status: oom`. It is the CPU counterpart of the CUDA cap
 
 Loading (tokenizer threads, memory-mapped datasets) stays outside the cap, as it would stay off a GPU.
 It caps address space, not resident memory, so it over-counts: thread stacks and malloc arenas
-count too. Use it to force and bracket OOMs, not as an exact stand-in for a GPU's capacity.
+count too. Under the cap every block of 128 KiB or more is mapped on its own and unmapped when freed
+(run/host_memory.py): a heap would count its fragments too, which grow with what the process ran before. Use it to force and bracket OOMs, not as an exact stand-in for a GPU's capacity.
 Linux only (it reads /proc/self/statm). Native code that aborts on a failed allocation (the Rust
 tokenizers, OpenMP creating threads) ends the whole process, so keep the cap above what the job
 needs to load its data and start its threads.
@@ -20,6 +21,7 @@ from contextlib import contextmanager, nullcontext
 from typing import ContextManager, Iterator
 
 from ..config.schema import HardwareConf
+from ..run import host_memory
 
 
 def address_space_bytes() -> int:
@@ -36,15 +38,16 @@ def cap(extra_bytes: int) -> Iterator[int]:
     the soft limit can always be raised back: the next job of a sweep runs uncapped.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = address_space_bytes() + int(extra_bytes)
-    for bound in (soft, hard):
-        if bound != resource.RLIM_INFINITY:
-            limit = min(limit, bound)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    try:
-        yield limit
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    with host_memory.each_block_mapped():
+        limit = address_space_bytes() + int(extra_bytes)
+        for bound in (soft, hard):
+            if bound != resource.RLIM_INFINITY:
+                limit = min(limit, bound)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        try:
+            yield limit
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def cap_for(profile: HardwareConf, held_bytes: int = 0) -> ContextManager:
