@@ -36,13 +36,12 @@ UNIT_BYTES = {"GB": 1e9, "GiB": 2**30, "MiB": 2**20, "MB": 1e6}
 
 # --- published rows as memsweep jobs -------------------------------------------------------------
 
-DISTILBERT_PRECISION = {"fp32": "fp32", "fp16_mixed": "fp16", "bf16_mixed": "bf16", "bf16_true": "bf16_true"}
+DISTILBERT_PRECISION = {"fp32": "fp32", "fp16_mixed": "fp16", "bf16_mixed": "bf16", "bf16_true": "bf16_true",
+                        "fp16_true": "fp16_true"}
 
 
 def distilbert_precision_ladder(row: dict[str, Any], common: dict[str, Any]) -> list[str]:
     precision = str(row["precision"]).split()[0]
-    if precision == "fp16_true":
-        raise NotModelled("pure fp16 weights and optimizer state: memsweep has no fp16_true precision")
     if precision not in DISTILBERT_PRECISION:
         raise NotModelled(f"{precision}: no memsweep precision")
     name = DISTILBERT_PRECISION[precision]

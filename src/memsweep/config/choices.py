@@ -45,6 +45,7 @@ class PrecisionName(str, Enum):
     fp16 = "fp16"
     bf16 = "bf16"
     bf16_true = "bf16_true"
+    fp16_true = "fp16_true"
 
 
 class OptimName(str, Enum):

@@ -66,7 +66,7 @@ RULES: list[Rule] = [
          "on the CPU memsweep does fp16 with autocast + GradScaler, which cannot drive DeepSpeed's "
          "engine (it does its own loss scaling); use precision=bf16 or fp32 with DeepSpeed here"),
     Rule("deepspeed-bf16-true", lambda t, hw: t.deepspeed.on and t.precision.param_bytes == 2,
-         "DeepSpeed keeps its own fp32 master weights; use precision=bf16 (mixed) with DeepSpeed"),
+         "DeepSpeed keeps its own fp32 master weights; use precision=bf16 or fp16 (mixed) with DeepSpeed"),
     Rule("activation-offload-on-cpu", lambda t, hw: t.offload.activations and hw.device == "cpu",
          "activations already live in host memory on the CPU: offloading them there only adds a copy; "
          "offload=activations is for GPUs"),

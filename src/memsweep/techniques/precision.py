@@ -1,9 +1,11 @@
-"""precision: fp32 | tf32 | fp16 (mixed, loss scaling) | bf16 (mixed) | bf16_true (everything bf16).
+"""precision: fp32 | tf32 | fp16 (mixed, loss scaling) | bf16 (mixed) | bf16_true (everything bf16) |
+fp16_true (everything fp16).
 
 This module owns what a precision name means (`traits`): bytes of a stored weight and of a matmul
 output, autocast, loss scaling, the dtype whose peak rate times it, and the capability it needs.
 Rules and the estimator ask here.
 """
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,7 +30,12 @@ TRAITS = {
     PrecisionName.fp16: Traits(4, 2, autocast=True, loss_scaling=True, compute="fp16", needs=None),
     PrecisionName.bf16: Traits(4, 2, autocast=True, loss_scaling=False, compute="bf16", needs="bf16"),
     PrecisionName.bf16_true: Traits(2, 2, autocast=False, loss_scaling=False, compute="bf16", needs="bf16"),
+    # Lightning's "16-true": no master copy and no loss scaling (a GradScaler refuses fp16 gradients to unscale)
+    PrecisionName.fp16_true: Traits(2, 2, autocast=False, loss_scaling=False, compute="fp16", needs=None),
 }
+
+# the stored dtype of the precisions that keep every weight in 16 bits
+TRUE_DTYPES = {PrecisionName.bf16_true: torch.bfloat16, PrecisionName.fp16_true: torch.float16}
 
 
 def traits(name) -> Traits:
@@ -46,7 +53,7 @@ def apply(cfg, plan) -> None:
     name = PrecisionName(cfg.name)
     # Stored weights in the precision's own dtype: from_pretrained (and from_config) would otherwise take
     # the checkpoint's saved dtype, bf16 for most hub decoders, and "fp32 master weights" would be bf16.
-    plan.load_kwargs["dtype"] = torch.bfloat16 if traits(name).param_bytes == 2 else torch.float32
+    plan.load_kwargs["dtype"] = TRUE_DTYPES.get(name, torch.float32)
     if name == PrecisionName.tf32:
         plan.args["tf32"] = True
     elif name == PrecisionName.bf16:
@@ -58,11 +65,11 @@ def apply(cfg, plan) -> None:
             # Accelerate ignores fp16 on the CPU and would train fp32 under an fp16 label: do it ourselves.
             plan.autocast_dtype = torch.float16
             plan.grad_scaler = True
-    elif name == PrecisionName.bf16_true:
-        plan.model_transforms.append(to_bf16)
+    elif name in TRUE_DTYPES:
+        plan.model_transforms.append(functools.partial(to_dtype, dtype=TRUE_DTYPES[name]))
 
 
-def to_bf16(model):
-    """Every floating weight in bf16, also those `from_pretrained` keeps in fp32. A bitsandbytes-quantized
-    model refuses `.to(dtype)`; `from_pretrained` already stored its unquantized weights in bf16."""
-    return model if getattr(model, "is_quantized", False) else model.to(torch.bfloat16)
+def to_dtype(model, dtype: torch.dtype):
+    """Every floating weight in `dtype`, also those `from_pretrained` keeps in fp32. A bitsandbytes-quantized
+    model refuses `.to(dtype)`; `from_pretrained` already stored its unquantized weights in `dtype`."""
+    return model if getattr(model, "is_quantized", False) else model.to(dtype)
