@@ -33,13 +33,16 @@ def test_zero_stages_match_plain_training(tmp_path, reference, option, stage):
 
 
 def test_deepspeed_job_records_its_stage_and_leaves_the_process_clean(tmp_path):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    linear = F.linear
     res = run_job(TINY + ["deepspeed=zero3_offload", "max_steps=2"], tmp_path / "ds")
     assert res["status"] == "ok" and res["effective"]["deepspeed_stage"] == 3
     assert res["effective"]["optimizer"] == "DeepSpeedCPUAdam"  # offloaded state is stepped on the CPU
-    # the next job in the same process (as in a sweep) is an ordinary single-process job again
-    import torch.distributed as dist
-
-    assert not dist.is_initialized()
+    # the next job in the same process (as in a sweep) is an ordinary single-process job again, with torch's
+    # own linear (zero.Init replaces it, for good unless reset)
+    assert not dist.is_initialized() and F.linear is linear
     after = run_job(TINY + ["max_steps=2"], tmp_path / "plain")
     assert after["status"] == "ok" and after["effective"]["deepspeed_stage"] is None
 

@@ -74,12 +74,14 @@ def teardown() -> None:
 
     AcceleratorState._reset_state(reset_partial_state=True)
     PartialState._reset_state()
-    _forget_deepspeed_groups()
+    _forget_deepspeed()
 
 
-def _forget_deepspeed_groups() -> None:
-    """DeepSpeed caches the process groups (and its comm backend) in module globals, and transformers
-    its ZeRO config: none of them may leak into the next job of the same process."""
+def _forget_deepspeed() -> None:
+    """DeepSpeed caches the process groups (and its comm backend) in module globals, transformers its ZeRO
+    config, and ZeRO-3's zero.Init puts its own torch.nn.functional.linear in place ("This will persist unless
+    manually reset", partition_parameters.py): none of them may leak into the next job of the same process
+    (that linear saves other tensors for backward: the next job would measure and trace another step)."""
     hf_deepspeed = sys.modules.get("transformers.integrations.deepspeed")
     if hf_deepspeed is not None:  # else the next from_pretrained builds its model under ZeRO-3's zero.Init
         hf_deepspeed.unset_hf_deepspeed_config()
@@ -90,3 +92,9 @@ def _forget_deepspeed_groups() -> None:
     comm = sys.modules.get("deepspeed.comm.comm")
     if comm is not None:
         comm.cdb = None
+    zero = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    linear = getattr(getattr(zero, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
+    if linear is not None:  # torch's own, which zero.Init kept before replacing it
+        import torch
+
+        torch.nn.functional.linear = linear
