@@ -37,7 +37,7 @@ UNIT_BYTES = {"GB": 1e9, "GiB": 2**30, "MiB": 2**20, "MB": 1e6}
 # --- published rows as memsweep jobs -------------------------------------------------------------
 
 DISTILBERT_PRECISION = {"fp32": "fp32", "fp16_mixed": "fp16", "bf16_mixed": "bf16", "bf16_true": "bf16_true",
-                        "fp16_true": "fp16_true"}
+                        "fp16_true": "fp16_true", "fp64": "fp64"}
 
 
 def distilbert_precision_ladder(row: dict[str, Any], common: dict[str, Any]) -> list[str]:

@@ -22,15 +22,16 @@ def test_fp16_on_cpu_is_real_with_loss_scaling_not_silently_fp32(tiny_job):
     assert res["effective"]["grad_scaler"] == "GradScaler" and res["effective"]["compute_dtype"] == "float16"
 
 
-@pytest.mark.parametrize("precision,dtype", [("bf16_true", "bfloat16"), ("fp16_true", "float16")])
-def test_true_16_bit_precisions_halve_parameter_and_adam_state_bytes(precision, dtype, tiny_job, tmp_path):
+@pytest.mark.parametrize("precision,dtype,bytes_", [("bf16_true", "bfloat16", 2), ("fp16_true", "float16", 2),
+                                                    ("fp64", "float64", 8)])
+def test_true_precisions_store_weights_and_adam_state_in_their_dtype(precision, dtype, bytes_, tiny_job, tmp_path):
     fp32 = tiny_job("max_steps=2", job_dir=tmp_path / "a")
     pure = tiny_job(f"precision={precision}", "max_steps=2", job_dir=tmp_path / "b")
     assert pure["effective"]["param_dtype"] == pure["effective"]["compute_dtype"] == dtype
     assert pure["effective"]["grad_scaler"] is None  # no loss scaling: nothing to unscale fp16 gradients into
-    assert pure["memory"]["params_bytes"] * 2 == fp32["memory"]["params_bytes"]
+    assert pure["memory"]["params_bytes"] * 4 == fp32["memory"]["params_bytes"] * bytes_
     # AdamW's moments too (its step counts stay fp32 scalars)
-    assert pure["memory"]["optimizer_bytes"] * 2 == pytest.approx(fp32["memory"]["optimizer_bytes"], rel=1e-4)
+    assert pure["memory"]["optimizer_bytes"] * 4 == pytest.approx(fp32["memory"]["optimizer_bytes"] * bytes_, rel=1e-4)
 
 
 def test_tf32_is_refused_where_there_are_no_tf32_matmuls(tiny_job):

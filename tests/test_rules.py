@@ -1,8 +1,9 @@
 """The rule table: each combination that cannot run ends as `unsupported` with its reason, before any work."""
 import pytest
-from conftest import TINY, run_job
+from conftest import TINY, job_of, run_job
 
 from memsweep.config import rules
+from memsweep.errors import Unsupported
 
 CASES = {
     "bf16-unsupported": ["hardware=t4", "precision=bf16"],
@@ -14,6 +15,7 @@ CASES = {
     "offload-needs-adam": ["optim=sgd", "deepspeed=zero2_offload"],
     "deepspeed-cpu-fp16": ["precision=fp16", "deepspeed=zero2"],
     "deepspeed-bf16-true": ["precision=bf16_true", "deepspeed=zero2"],
+    "fp64-with-bitsandbytes": ["precision=fp64", "lora=qlora"],
     "activation-offload-on-cpu": ["offload=activations"],
     "deepspeed-with-fsdp": ["deepspeed=zero2", "fsdp=full_shard"],
     "fsdp-offload-on-cpu": ["fsdp=full_shard_offload"],
@@ -35,6 +37,13 @@ def test_rule_refuses_with_its_reason(tmp_path, name):
     assert res["status"] == "unsupported"
     assert res["reason"] == f"{name}: {rule.reason}"
     assert res["time"]["train_s"] is None  # refused before any training
+
+
+def test_fp64_meets_bitsandbytes_optimizers_only_where_their_kernels_take_it():
+    # bitsandbytes' CPU optimizer steps fp64 gradients; its CUDA kernels (backends/cuda/ops.py) take fp32/fp16/bf16
+    rules.check(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=cpu"]))
+    with pytest.raises(Unsupported, match="^fp64-with-bitsandbytes"):
+        rules.check(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=a100_40gb"]), skip=("no-gpu",))
 
 
 def test_missing_bitsandbytes_refuses_quantized_lora(tmp_path, monkeypatch):

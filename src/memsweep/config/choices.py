@@ -46,6 +46,7 @@ class PrecisionName(str, Enum):
     bf16 = "bf16"
     bf16_true = "bf16_true"
     fp16_true = "fp16_true"
+    fp64 = "fp64"
 
 
 class OptimName(str, Enum):

@@ -65,6 +65,10 @@ RULES: list[Rule] = [
     Rule("deepspeed-cpu-fp16", lambda t, hw: t.deepspeed.on and hw.device == "cpu" and t.precision.loss_scaling,
          "on the CPU memsweep does fp16 with autocast + GradScaler, which cannot drive DeepSpeed's "
          "engine (it does its own loss scaling); use precision=bf16 or fp32 with DeepSpeed here"),
+    Rule("fp64-with-bitsandbytes", lambda t, hw: t.precision.compute == "fp64" and (
+        t.lora.quantize == "nf4" or (t.optim.bitsandbytes and hw.device == "cuda")),
+         "bitsandbytes' 4-bit quantization and its CUDA optimizer kernels take fp32, fp16 or bf16 tensors, not fp64 "
+         "(\"Unsupported gradient dtype\"): use precision=fp32 with them"),
     Rule("deepspeed-bf16-true", lambda t, hw: t.deepspeed.on and t.precision.param_bytes == 2,
          "DeepSpeed keeps its own fp32 master weights; use precision=bf16 or fp16 (mixed) with DeepSpeed"),
     Rule("activation-offload-on-cpu", lambda t, hw: t.offload.activations and hw.device == "cpu",

@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 GB = 1e9
 PHASES = ("forward", "backward", "step")
-FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp32"}
+FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
 @dataclass(frozen=True)

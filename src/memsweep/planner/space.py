@@ -77,7 +77,7 @@ def variant(job: Config, combo: dict[str, str], micro_batch: int) -> Config:
 def changes_to_training(combo: dict[str, str]) -> str:
     """What the combination changes about what is trained and how, beside full fine-tuning in fp32."""
     said = {"bf16_true": "bf16 weights and updates (no fp32 master copy)", "bf16": "bf16 autocast, fp32 master",
-            "fp16_true": "fp16 weights and updates (no fp32 master copy, no loss scaling)",
+            "fp16_true": "fp16 weights and updates (no fp32 master copy, no loss scaling)", "fp64": "fp64 throughout",
             "fp16": "fp16 autocast + loss scaling, fp32 master", "fp32": "fp32", "tf32": "TF32 matmuls"}
     parts = [said.get(combo["precision"], combo["precision"])]
     parts.append({"none": "all weights trained", "r8": "base frozen, LoRA r8 adapters",

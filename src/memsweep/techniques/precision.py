@@ -1,5 +1,5 @@
 """precision: fp32 | tf32 | fp16 (mixed, loss scaling) | bf16 (mixed) | bf16_true (everything bf16) |
-fp16_true (everything fp16).
+fp16_true (everything fp16) | fp64 (everything fp64).
 
 This module owns what a precision name means (`traits`): bytes of a stored weight and of a matmul
 output, autocast, loss scaling, the dtype whose peak rate times it, and the capability it needs.
@@ -32,10 +32,12 @@ TRAITS = {
     PrecisionName.bf16_true: Traits(2, 2, autocast=False, loss_scaling=False, compute="bf16", needs="bf16"),
     # Lightning's "16-true": no master copy and no loss scaling (a GradScaler refuses fp16 gradients to unscale)
     PrecisionName.fp16_true: Traits(2, 2, autocast=False, loss_scaling=False, compute="fp16", needs=None),
+    PrecisionName.fp64: Traits(8, 8, autocast=False, loss_scaling=False, compute="fp64", needs=None),
 }
 
-# the stored dtype of the precisions that keep every weight in 16 bits
-TRUE_DTYPES = {PrecisionName.bf16_true: torch.bfloat16, PrecisionName.fp16_true: torch.float16}
+# the stored dtype of the precisions that keep every weight in a dtype other than fp32 (and compute in it)
+TRUE_DTYPES = {PrecisionName.bf16_true: torch.bfloat16, PrecisionName.fp16_true: torch.float16,
+               PrecisionName.fp64: torch.float64}
 
 
 def traits(name) -> Traits:
