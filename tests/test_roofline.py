@@ -32,6 +32,19 @@ def test_an_op_takes_the_longer_of_its_flops_and_its_bytes():
     assert roofline.seconds(reading, slow_memory)["forward"] == pytest.approx(moved / 1e9)
 
 
+def test_asking_a_tensor_its_device_moves_no_bytes():
+    # The dispatcher routes `tensor.device` of a subclass (the fake tensors) as prim.device: no kernel on a GPU
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.empty(4096, 1024)
+        with roofline.recording() as ops:
+            torch.ops.prim.device(a)
+            a.mul(2)
+    [(_, key, flops, moved, n)] = roofline.reading(ops)
+    assert (key, flops, moved, n) == ("-", 0, 2 * 4 * 4096 * 1024, 1)  # the multiply alone: read a, write the product
+
+
 def test_flash_attention_is_timed_in_its_operands_dtype_not_its_fp32_log_sum_exp():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
