@@ -32,7 +32,8 @@ def test_rows_become_jobs_or_say_why_not():
     rows, common = published_rows("rasbt_distilbert_imdb_precision")
     assert "precision=fp32" in ve.job_for("rasbt_distilbert_imdb_precision", rows["Float32-regular"], common)[0]
     for pure in ("fp16_true", "fp64"):  # Fabric's 16-true and 64-true
-        assert f"precision={pure}" in ve.job_for("rasbt_distilbert_imdb_precision", {"precision": f"{pure} (Fabric)"}, {})[0]
+        row = {"precision": f"{pure} (Fabric)"}
+        assert f"precision={pure}" in ve.job_for("rasbt_distilbert_imdb_precision", row, {})[0]
     with pytest.raises(ve.NotModelled, match="fp8: no memsweep precision"):
         ve.job_for("rasbt_distilbert_imdb_precision", {"precision": "fp8 (Fabric transformer-engine)"}, {})
     assert ve.published_bytes({"memory": 5.37, "unit": "GB"}) == 5.37e9
