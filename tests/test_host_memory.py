@@ -69,7 +69,7 @@ def test_a_capped_address_space_follows_the_live_blocks(mode):
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     grown_mib = int(done.stdout.split()[-1])
-    if mode == "free":  # reuse: the heap keeps what it grew to, the largest block
-        assert grown_mib >= 128
+    if mode == "free":  # reuse: the heap keeps what it grew to, about the largest block (128 MiB)
+        assert grown_mib >= 96
     else:  # under the cap each block is mapped on its own and handed back when freed
         assert grown_mib < 16

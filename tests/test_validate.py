@@ -115,7 +115,7 @@ NAMES = {
     "encoding": (["data.encoding=utf-9"], "data.encoding", "not an encoding Python knows"),
     "bytes codec": (["data.encoding=base64"], "data.encoding", "not a text encoding"),
     "backend": (["distributed.backend=nccl2"], "distributed.backend", "gloo"),
-    "tflops dtype": (["+hardware.tflops.fp61=3"], "hardware.tflops.fp61", "allowed: bf16, fp16, fp32, tf32"),
+    "tflops dtype": (["+hardware.tflops.fp61=3"], "hardware.tflops.fp61", "allowed: bf16, fp16, fp32, fp64, tf32"),
     "lora target": (DECODER + ["lora=r8", "lora.target_modules=[query,value]"], "lora.target_modules",
                     "q_proj, k_proj, v_proj, o_proj"),
     "layers module": (["model.layers_module=encoder.layers"], "model.layers_module", "bert.encoder.layer"),
