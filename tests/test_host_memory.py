@@ -40,7 +40,6 @@ def test_a_later_job_is_told_what_the_process_runs_with(tiny_job, tmp_path):
     assert later["effective"]["malloc_reuse"] is True
 
 
-
 # In a fresh process with reuse on: blocks of 16 to 128 MiB, each freed before the next is made.
 BLOCKS_MADE_AND_FREED = """
 import sys, torch

@@ -76,8 +76,8 @@ class Roofline(RuntimeEstimator):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        # prim.device is the dispatcher asking a tensor subclass (here the fake tensors) for its device; on a
-        # real tensor it reads a field: no kernel, no bytes (counted, it read the whole tensor each time)
+        # prim ops (prim.device, prim.layout) are the dispatcher asking a tensor subclass (here the fake tensors)
+        # for its metadata; a real tensor reads a field: no kernel, no bytes (counted, each read the whole tensor)
         if packet in _IGNORE_OPS or func.namespace == "prim":
             return out, 0.0
         moved = sum(get_num_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
