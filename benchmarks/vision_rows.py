@@ -38,18 +38,25 @@ def rasbt_vit_l16(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 def torchao_vit_h(row: dict[str, Any], common: dict[str, Any]) -> Job:
     """torchao's low-bit AdamW table: ViT-H/14, batch 8, bf16 autocast, one optimizer per row."""
-    optimizer = str(row["optimizer"])
+    optimizer, caveat = str(row["optimizer"]), ""
     if optimizer.startswith("adamw (torch.optim.AdamW, fused=True)"):
         optim = "adamw_fused"
     elif "bitsandbytes" in optimizer:
         optim = "adamw_8bit"
+    elif optimizer.startswith("adamw_8bit (torchao AdamW8bit"):
+        optim = "adamw_torch_8bit"
+    elif optimizer.startswith("adamw_4bit (torchao AdamW4bit"):
+        # Trainer gives torchao's 4-bit AdamW blocks of 256 values; the source kept torchao's own 128
+        optim, caveat = "adamw_torch_4bit", ("; Trainer's 4-bit blocks of 256 for the source's 128 (one fp32 "
+                                             "scale per block: about 20 MB fewer)")
     else:
-        raise NotModelled(f"{optimizer}: memsweep's optimizers are transformers' (no torchao or lpmm low-bit AdamW)")
+        raise NotModelled(f"{optimizer}: memsweep's optimizers are transformers' (torchao's FP8 AdamW and lpmm's "
+                          "4-bit AdamW are not among them)")
     job = VIT + ["model=vit-h14", "hardware=rtx4090", "batch_size=8", "precision=bf16", f"optim={optim}"]
     return job, ("timm vit_huge_patch14_224 as transformers' ViT-H/14 (model=vit-h14: 32 blocks of 1280, 257 tokens); "
                  "a 10-class head for the 45-class one (35 x 1281 parameters fewer); traced eager (the source "
-                 "compiled the model); an RTX 4090 profile for the 16 GB RTX 4070 Ti SUPER (allocated bytes do not "
-                 "depend on the card)")
+                 "compiled the model; torchao's optimizer step, compiled in the source, too); an RTX 4090 profile "
+                 "for the 16 GB RTX 4070 Ti SUPER (allocated bytes do not depend on the card)" + caveat)
 
 
 def torchao_vit_giant(row: dict[str, Any], common: dict[str, Any]) -> Job:

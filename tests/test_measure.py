@@ -9,7 +9,8 @@ from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed._tools import mod_tracker
 from torch.distributed._tools.mod_tracker import ModTracker
 
-from memsweep.measure.ledger import CATEGORIES, LedgerTracker, _NoHook, optimizer_state_bytes
+from memsweep.measure.ledger import CATEGORIES, LedgerTracker, _NoHook
+from memsweep.measure.optimizer_state import optimizer_state_bytes
 
 BATCH, IN, HIDDEN, OUT = 8, 16, 32, 4
 F32 = 4  # bytes per float32 value

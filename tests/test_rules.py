@@ -23,7 +23,7 @@ CASES = {
     "adafactor-with-fsdp": ["optim=adafactor", "fsdp=shard_grad_op"],
     "int8-with-fsdp": ["lora=int8", "fsdp=full_shard"],
 }
-NEEDS_A_MISSING_PIECE = {"bitsandbytes-missing", "offload-needs-cpu-adam-op"}
+NEEDS_A_MISSING_PIECE = {"bitsandbytes-missing", "torchao-missing", "offload-needs-cpu-adam-op"}
 
 
 def test_every_rule_has_a_case():
@@ -50,6 +50,14 @@ def test_missing_bitsandbytes_refuses_quantized_lora(tmp_path, monkeypatch):
     monkeypatch.setattr(rules, "_installed", lambda module: module != "bitsandbytes")
     res = run_job(TINY + ["lora=qlora"], tmp_path)
     assert res["status"] == "unsupported" and res["reason"].startswith("bitsandbytes-missing")
+
+
+def test_missing_torchao_refuses_its_low_bit_optimizers_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(rules, "_installed", lambda module: module != "torchao")
+    for optim in ("adamw_torch_8bit", "adamw_torch_4bit"):
+        with pytest.raises(Unsupported, match="^torchao-missing"):
+            rules.check(*job_of(TINY + [f"optim={optim}"]))
+    rules.check(*job_of(TINY + ["optim=adamw_8bit"]))  # bitsandbytes' 8-bit AdamW needs no torchao
 
 
 def test_offload_without_the_prebuilt_cpu_adam_op_is_refused(tmp_path, monkeypatch):

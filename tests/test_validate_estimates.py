@@ -120,8 +120,11 @@ def test_the_vision_rows_are_vit_jobs_or_say_why_not():
     assert {"distributed.nproc=4", "fsdp=full_shard_offload", "checkpointing=full", "batch_size=256"} <= set(fsdp)
     rows, common = published_rows("torchao_low_bit_adamw_vit_h")
     assert "optim=adamw_8bit" in ve.job_for("torchao_low_bit_adamw_vit_h", rows["bnb 8-bit"], common)[0]
-    with pytest.raises(ve.NotModelled, match="no torchao or lpmm"):
-        ve.job_for("torchao_low_bit_adamw_vit_h", rows["ao 4-bit"], common)
+    for label, optim in (("ao 8-bit", "adamw_torch_8bit"), ("ao 4-bit", "adamw_torch_4bit")):
+        assert f"optim={optim}" in ve.job_for("torchao_low_bit_adamw_vit_h", rows[label], common)[0]
+    for label in ("ao FP8 E4M3", "lpmm 4-bit"):
+        with pytest.raises(ve.NotModelled, match="torchao's FP8 AdamW and lpmm's 4-bit AdamW are not among them"):
+            ve.job_for("torchao_low_bit_adamw_vit_h", rows[label], common)
     rows, common = published_rows("torchao_cpu_offload_vit_giant")
     giant, caveat = ve.job_for("torchao_cpu_offload_vit_giant", rows["None"], common)
     assert {"model=dinov2-giant", "+model.overrides.image_size=224", "batch_size=32", "precision=bf16_true",

@@ -58,6 +58,8 @@ class OptimName(str, Enum):
     adamw_bnb_8bit = "adamw_bnb_8bit"
     paged_adamw_8bit = "paged_adamw_8bit"
     paged_adamw_32bit = "paged_adamw_32bit"
+    adamw_torch_8bit = "adamw_torch_8bit"
+    adamw_torch_4bit = "adamw_torch_4bit"
 
 
 class FreezeName(str, Enum):

@@ -51,13 +51,15 @@ RULES: list[Rule] = [
          "flash_attention_2 needs a CUDA GPU and the flash-attn package; use attention=sdpa"),
     Rule("bitsandbytes-missing", lambda t, hw: (_quantized(t) or t.optim.bitsandbytes) and not _installed("bitsandbytes"),
          "8-bit/4-bit weights and optimizers need the bitsandbytes package"),
+    Rule("torchao-missing", lambda t, hw: t.optim.torchao and not _installed("torchao"),
+         "adamw_torch_8bit and adamw_torch_4bit are torchao's low-bit AdamW: they need the torchao package"),
     Rule("quantized-with-deepspeed", lambda t, hw: _quantized(t) and t.deepspeed.on,
          "DeepSpeed partitions and casts the weights itself; bitsandbytes-quantized base weights "
          "cannot be handed to it — use lora=r8 with DeepSpeed, or deepspeed=none with qlora/int8"),
     Rule("8bit-optim-with-zero", lambda t, hw: t.optim.bitsandbytes and (t.deepspeed.stage or 0) >= 1,
          "ZeRO partitions the optimizer state itself; bitsandbytes' 8-bit state cannot be partitioned"),
     Rule("offload-needs-adam", lambda t, hw: (t.deepspeed.offload_optimizer or t.deepspeed.offload_param)
-         and (t.optim.rule != "adamw" or t.optim.bitsandbytes),
+         and (t.optim.rule != "adamw" or t.optim.kernels != "torch"),
          "ZeRO offload steps the optimizer on the CPU with DeepSpeed's CPUAdam: use optim=adamw"),
     Rule("offload-needs-cpu-adam-op", lambda t, hw: t.deepspeed.offload_optimizer and not _ds_op_prebuilt("cpu_adam"),
          "ZeRO offload needs DeepSpeed's cpu_adam op, which is not built; reinstall with make install "

@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..measure.optimizer_state import plain_tensors
 from . import scratch, sharded
 from .allocator import Options, replay
 
@@ -219,9 +220,10 @@ def alive_at_step(model, optimizer, workspace: int = 0) -> list[tuple[str, Any]]
     loaded = [(category, sharded.local(t)) for category, t in load_order(model)]
     grads = [("grads", sharded.local(t.grad)) for category, t in load_order(model)
              if category == "params" and getattr(t, "grad", None) is not None]
-    # bitsandbytes gives every parameter's state the same quantization maps: each tensor once
-    state = {id(v): ("optimizer", sharded.local(v)) for s in (optimizer.state.values() if optimizer else ())
-             for v in s.values() if isinstance(v, torch.Tensor)}
+    # bitsandbytes gives every parameter's state the same quantization maps: each tensor once. A DTensor's
+    # memory is its shard, torchao's low-bit state's its codes, scales and map.
+    state = {id(t): ("optimizer", t) for s in (optimizer.state.values() if optimizer else ())
+             for v in s.values() for t in plain_tensors(v)}
     workspaces = [("workspace", workspace)] * (CUDA_WORKSPACES_PER_STEP if workspace else 0)
     return loaded + workspaces + grads + list(state.values())
 

@@ -9,7 +9,7 @@ import tempfile
 import torch
 
 from ..config.schema import HardwareConf
-from ..measure.ledger import inner_optimizer
+from ..measure.optimizer_state import inner_optimizer, plain_tensors
 from . import sharded
 
 
@@ -55,8 +55,16 @@ def build_optimizer(plan, model, profile: HardwareConf, spec):
               {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
     kwargs = on_device(cls, kwargs, profile)
     if not cls.__module__.startswith("bitsandbytes"):
+        torchao_maps(cls)
         return cls(groups, **kwargs)
     return bitsandbytes_optimizer(cls, groups, kwargs, model)
+
+
+def eager():
+    """Compiled code runs eager, as in the real job's ledger step. Dynamo compiles nothing under the
+    recorder's dispatch mode, where code compiled with fullgraph=True (torchao's optimizer step) raises;
+    under fake tensors alone, inductor's kernels would be called on fake tensors (a crash)."""
+    return torch.compiler.set_stance("force_eager")
 
 
 def on_device(cls, kwargs: dict, profile: HardwareConf) -> dict:
@@ -76,7 +84,8 @@ def flat_partition_step(spec, numel: int, profile: HardwareConf):
     from .capture import Recorder
 
     cls, kwargs, _ = spec
-    with FakeTensorMode():
+    torchao_maps(cls)
+    with FakeTensorMode(), eager():
         flat = torch.nn.Parameter(torch.empty(numel, dtype=torch.float32))
         flat.grad = torch.empty_like(flat)
         optimizer = cls([flat], **on_device(cls, kwargs, profile))
@@ -88,6 +97,20 @@ def flat_partition_step(spec, numel: int, profile: HardwareConf):
             recorder.mark("end")
     return sum(v.untyped_storage().nbytes() for v in state), recorder
 
+
+
+def torchao_maps(cls) -> None:
+    """torchao's low-bit optimizers make their state at the first step from quantization maps computed
+    once per process (values read with .tolist(), then cached): computed here, outside fake mode, a fake
+    step finds them."""
+    if not cls.__module__.startswith("torchao"):
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torchao.optim import subclass_4bit, subclass_8bit
+
+    with unset_fake_temporarily():
+        for module in (subclass_8bit, subclass_4bit):
+            module.get_qmap_signed(), module.get_qmap_unsigned()
 
 
 def bitsandbytes_optimizer(cls, groups, kwargs, model):
@@ -163,7 +186,8 @@ def training_step(model, optimizer, batches, plan, marks=NoMarks(), forward_cont
 
 def state_bytes(optimizer) -> int:
     """Bytes of optimizer state, each tensor once (measure.optimizer_state_bytes dedupes by data pointer,
-    which is 0 for every fake tensor; bitsandbytes gives every parameter's state the same two maps)."""
-    unique = {id(v): sharded.local(v) for s in inner_optimizer(optimizer).state.values() for v in s.values()
-              if torch.is_tensor(v)}  # FSDP's: this rank's shard
-    return sum(v.untyped_storage().nbytes() for v in unique.values())
+    which is 0 for every fake tensor; bitsandbytes gives every parameter's state the same two maps).
+    FSDP's DTensor state counts this rank's shard, torchao's low-bit state its codes, scales and map."""
+    unique = {id(t): t for s in inner_optimizer(optimizer).state.values() for v in s.values()
+              for t in plain_tensors(v)}
+    return sum(t.untyped_storage().nbytes() for t in unique.values())

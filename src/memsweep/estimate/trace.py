@@ -14,17 +14,18 @@ import time
 from typing import Any, Optional
 
 from ..config.schema import Config, HardwareConf
-from ..measure.ledger import LedgerTracker, inner_optimizer, ledger_reading
+from ..measure.ledger import LedgerTracker, ledger_reading
+from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
 from . import adjust, capture, fake, roofline, scratch, sharded, zero
-from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
+from .step import build_optimizer, eager, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
 
 @contextlib.contextmanager
 def fake_job(job: Config, plan, profile: HardwareConf, model):
     """The model as the job runs it, on fake tensors: as rank 0 of the job's ranks (nodes x nproc) under FSDP,
-    wrapped as Accelerate wraps the real job, and with no bitsandbytes overrides left by earlier jobs."""
+    wrapped as Accelerate wraps the real job, with no bitsandbytes overrides left by earlier jobs, run eager."""
     with contextlib.ExitStack() as stack:
         if plan.techniques.fsdp.on:
             # TrainingArguments asked for outside the fake process group (inside, they warn it is not theirs)
@@ -33,6 +34,7 @@ def fake_job(job: Config, plan, profile: HardwareConf, model):
             model = sharded.shard(model, args.fsdp_plugin_args, fake.accelerate_dtype(plan))
         model = stack.enter_context(fake.on_fake_tensors(model, plan, profile))
         stack.enter_context(optim.own_bitsandbytes_overrides())
+        stack.enter_context(eager())
         yield model
 
 

@@ -16,6 +16,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import TrainerCallback
 
 from ..run import host_memory
+from .optimizer_state import inner_optimizer, optimizer_kernel, optimizer_state_bytes, own_weights, peak_learning_rate
 
 # MemTracker warns on every backward hook whose module was collected; nothing is lost.
 warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
@@ -95,83 +96,6 @@ class LedgerTracker(MemTracker):
                     self.category_max[key] = value
 
 
-def inner_optimizer(optimizer):
-    """The torch optimizer holding the state, under Accelerate's and DeepSpeed's wrappers."""
-    while hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
-# DeepSpeed's fp32 master partitions: stage_1_and_2.py and stage3.py (which hands them to the client
-# optimizer only during its step); stage3.py's partitions of the model's weights (each parameter's
-# ds_tensor is a view of them) and its gradient partitions (grad_partitions_flat_buffer), both made when
-# the engine is built and held by every rank throughout
-MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp16_partitioned_groups_flat",
-                  "grad_partitions_flat_buffer")
-
-
-def own_weights(optimizer, model) -> list:
-    """The tensors an optimizer holds that are not the model's (DeepSpeed's partitions, above), made before
-    the step and held throughout it. MemTracker counts a tensor made before tracking only once it is given
-    (track_external). A partition whose storage the model's weights already use (ZeRO-3 on one process:
-    its parameters are views of their ds_tensor, partition_parameters.NoGatherHandle) is counted with them."""
-    own, found = {id(p) for p in model.parameters()}, {}
-    from torch.distributed.tensor import DTensor
-
-    # FSDP's DTensor parameters hold no storage of their own (and DeepSpeed never shares one with them)
-    storages = {p.untyped_storage().data_ptr() for p in model.parameters() if p.numel() and not isinstance(p, DTensor)}
-    while optimizer is not None:
-        for name in MASTER_WEIGHTS:
-            held = getattr(optimizer, name, None)
-            held = [held] if torch.is_tensor(held) else held or []
-            found.update((id(t), t) for t in held if torch.is_tensor(t))
-        found.update((id(p), p) for group in getattr(optimizer, "param_groups", []) for p in group["params"])
-        optimizer = getattr(optimizer, "optimizer", None)
-    return [t for key, t in found.items() if key not in own and t.untyped_storage().data_ptr() not in storages]
-
-
-def optimizer_state_bytes(optimizer) -> int:
-    from torch.distributed.tensor import DTensor
-
-    inner = inner_optimizer(optimizer)
-    seen, total = set(), 0
-    for state in inner.state.values():
-        for value in state.values():
-            if isinstance(value, DTensor):  # FSDP2: this process's shard
-                value = value.to_local()
-            if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
-                seen.add(value.untyped_storage().data_ptr())
-                total += value.untyped_storage().nbytes()
-    return total
-
-
-def peak_learning_rate(optimizer) -> Optional[float]:
-    """The learning rate the optimizer was given: its schedule's start (`initial_lr`, set by the scheduler)
-    or, without a scheduler, its current one."""
-    groups = getattr(inner_optimizer(optimizer), "param_groups", None)
-    if not groups:
-        return None
-    return float(groups[0].get("initial_lr", groups[0]["lr"]))
-
-
-def optimizer_kernel(optimizer) -> Optional[str]:
-    """Which of torch's implementations the optimizer steps with: fused, foreach or for-loop (the
-    single-tensor loop); None for optimizers outside torch.optim (bitsandbytes, Adafactor, DeepSpeed)."""
-    defaults = getattr(inner_optimizer(optimizer), "defaults", {})
-    if "fused" not in defaults and "foreach" not in defaults:
-        return None
-    if defaults.get("fused"):
-        return "fused"
-    # foreach=None means torch's default: foreach on CUDA tensors, the for-loop elsewhere
-    from torch.optim.optimizer import _default_to_fused_or_foreach
-
-    params = [p for g in inner_optimizer(optimizer).param_groups for p in g["params"]]
-    foreach = defaults.get("foreach")
-    if foreach is None:
-        foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)[1]
-    return "foreach" if foreach else "for-loop"
-
-
 def param_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -208,6 +132,9 @@ class LedgerCallback(TrainerCallback):
         self._hook = _first_linear(model).register_forward_hook(self._see_compute)
         self.tracker = LedgerTracker(root=model)
         self.tracker.track_external(model, inner_optimizer(optimizer), *own_weights(optimizer, model))
+        # Dynamo compiles nothing under a dispatch mode such as the tracker's: compiled code runs eager in
+        # this step, and code compiled with fullgraph=True (torchao's optimizer step) would raise instead
+        self._eager = torch.compiler.set_stance("force_eager")
         self.tracker.__enter__()
 
     def _see_compute(self, module, inputs, output):
@@ -221,6 +148,7 @@ class LedgerCallback(TrainerCallback):
         later job of the process (a sweep's next jobs)."""
         if self.tracker is not None:
             self.tracker.__exit__(None, None, None)
+            self._eager.__exit__(None, None, None)
             self._hook.remove()
             self.tracker = None
 

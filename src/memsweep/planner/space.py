@@ -83,8 +83,8 @@ def changes_to_training(combo: dict[str, str]) -> str:
     parts.append({"none": "all weights trained", "r8": "base frozen, LoRA r8 adapters",
                   "r16": "base frozen, LoRA r16 adapters", "qlora": "base frozen and quantized to 4-bit NF4, LoRA",
                   "int8": "base frozen and quantized to 8-bit (LLM.int8), LoRA"}.get(combo["lora"], combo["lora"]))
-    if "8bit" in combo["optim"]:
-        parts.append("8-bit optimizer state")
+    if "8bit" in combo["optim"] or "4bit" in combo["optim"]:
+        parts.append(f"{'8' if '8bit' in combo['optim'] else '4'}-bit optimizer state")
     elif combo["optim"] == "adafactor":
         parts.append("Adafactor (factored second moment)")
     if combo["checkpointing"] != "none":

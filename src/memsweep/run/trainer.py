@@ -24,7 +24,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
 from . import stopping
-from ..measure.ledger import inner_optimizer
+from ..measure.optimizer_state import inner_optimizer
 from .model import pad_token_id
 from .plan import Plan
 

@@ -1,7 +1,8 @@
-"""optim: the optimizer, by transformers' `optim` names (adamw_torch, sgd, adafactor, adamw_bnb_8bit, ...).
+"""optim: the optimizer, by transformers' `optim` names (adamw_torch, sgd, adafactor, adamw_bnb_8bit,
+adamw_torch_8bit, ...).
 
 This module owns what an optimizer name means beyond its Trainer name (`traits`): which update rule
-it runs, how its state is stored, whether bitsandbytes steps it. Rules and the estimator ask here.
+it runs, how its state is stored, whose kernels step it (torch, bitsandbytes or torchao). Rules and the estimator ask here.
 """
 import contextlib
 import sys
@@ -13,15 +14,21 @@ from ..config.schema import OptimName
 @dataclass(frozen=True)
 class Traits:
     rule: str  # the update rule: "adamw", "sgd" or "adafactor"
-    state_bits: int  # 32, or 8 for bitsandbytes' block-wise quantized states
+    state_bits: int  # 32, or 8 / 4 for block-wise quantized states
     paged: bool  # bitsandbytes' paged state (unified memory that can spill to the host)
     fused: bool  # torch's fused kernel: one kernel for the step, no temporaries
+    kernels: str = "torch"  # whose code steps it: "torch", "bitsandbytes" or "torchao"
 
     @property
     def bitsandbytes(self) -> bool:
         """Stepped by bitsandbytes' own kernels (no DTensor, no ZeRO; on fake tensors only with the
         quantization maps made outside fake mode, estimate/trace.py)."""
-        return self.state_bits == 8 or self.paged
+        return self.kernels == "bitsandbytes"
+
+    @property
+    def torchao(self) -> bool:
+        """Stepped by torchao: its states are tensor subclasses and each parameter's step is compiled."""
+        return self.kernels == "torchao"
 
 
 TRAITS = {
@@ -29,9 +36,12 @@ TRAITS = {
     OptimName.adamw_torch_fused: Traits("adamw", 32, paged=False, fused=True),
     OptimName.sgd: Traits("sgd", 32, paged=False, fused=False),
     OptimName.adafactor: Traits("adafactor", 32, paged=False, fused=False),
-    OptimName.adamw_bnb_8bit: Traits("adamw", 8, paged=False, fused=False),
-    OptimName.paged_adamw_8bit: Traits("adamw", 8, paged=True, fused=False),
-    OptimName.paged_adamw_32bit: Traits("adamw", 32, paged=True, fused=False),  # the QLoRA recipe's optimizer
+    OptimName.adamw_bnb_8bit: Traits("adamw", 8, paged=False, fused=False, kernels="bitsandbytes"),
+    OptimName.paged_adamw_8bit: Traits("adamw", 8, paged=True, fused=False, kernels="bitsandbytes"),
+    # the QLoRA recipe's optimizer
+    OptimName.paged_adamw_32bit: Traits("adamw", 32, paged=True, fused=False, kernels="bitsandbytes"),
+    OptimName.adamw_torch_8bit: Traits("adamw", 8, paged=False, fused=False, kernels="torchao"),
+    OptimName.adamw_torch_4bit: Traits("adamw", 4, paged=False, fused=False, kernels="torchao"),
 }
 
 
