@@ -61,12 +61,16 @@ def torchao_vit_h(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 def torchao_vit_giant(row: dict[str, Any], common: dict[str, Any]) -> Job:
     """torchao's CPU-offload tables: DINOv2 ViT-g/14 at batch 32, 224 x 224, every block checkpointed, fused AdamW."""
-    if str(row.get("offload")) != "none":
-        raise NotModelled("the optimizer offload (torchao CPUOffloadOptimizer / DeepSpeed ZeRO-Offload on one GPU) is not "
-                          "a memsweep option for one GPU")
+    offload = str(row.get("offload"))
+    if offload.startswith("DeepSpeed"):
+        raise NotModelled("DeepSpeed ZeRO-Offload of a model cast to bf16 (the row's full bf16): memsweep's DeepSpeed "
+                          "trains fp32 weights in mixed precision (rule deepspeed-bf16-true)")
+    if offload.startswith("torchao CPUOffloadOptimizer"):  # the script's --optim_cpu_offload ao / ao_offload_grads
+        offload = "optimizer_and_grads" if "offload_gradients=True" in offload else "optimizer"
     precision = PRECISION[str(row["precision"]).split()[0]]
     job = VIT + ["model=dinov2-giant", "+model.overrides.image_size=224", "hardware=rtx4090", "hardware.memory_gib=16",
-                 "batch_size=32", f"precision={precision}", "optim=adamw_fused", "checkpointing=full"]
+                 "batch_size=32", f"precision={precision}", "optim=adamw_fused", "checkpointing=full",
+                 f"offload={offload}"]
     return job, ("timm vit_giant_patch14_dinov2 as transformers' Dinov2 (model=dinov2-giant: the same blocks, SwiGLU MLP "
                  "of 4096 and layer scale; timm packs gate and up in one matmul, transformers makes two, the same "
                  "bytes); 224 x 224 crops, the script's, so 257 tokens (timm builds the 518-px model at 224 with "

@@ -129,8 +129,11 @@ def test_the_vision_rows_are_vit_jobs_or_say_why_not():
     giant, caveat = ve.job_for("torchao_cpu_offload_vit_giant", rows["None"], common)
     assert {"model=dinov2-giant", "+model.overrides.image_size=224", "batch_size=32", "precision=bf16_true",
             "optim=adamw_fused", "checkpointing=full", "hardware.memory_gib=16"} <= set(giant) and "257 tokens" in caveat
-    with pytest.raises(ve.NotModelled, match="optimizer offload"):
-        ve.job_for("torchao_cpu_offload_vit_giant", rows["ao"], common)
+    assert "offload=none" in giant
+    for label, option in (("ao", "optimizer"), ("ao (offload gradients)", "optimizer_and_grads")):
+        assert f"offload={option}" in ve.job_for("torchao_cpu_offload_vit_giant", rows[label], common)[0]
+    with pytest.raises(ve.NotModelled, match="ZeRO-Offload of a model cast to bf16"):
+        ve.job_for("torchao_cpu_offload_vit_giant", rows["DeepSpeed ZeRO-Offload"], common)
 
 
 def test_a_table_on_an_older_torch_is_stepped_as_its_foreach_adam_was():

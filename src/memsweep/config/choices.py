@@ -102,6 +102,8 @@ class CheckpointingName(StrEnum):
 class OffloadName(StrEnum):
     none = "none"
     activations = "activations"  # torch.autograd.graph.save_on_cpu
+    optimizer = "optimizer"  # torchao's CPUOffloadOptimizer: state and step in host memory
+    optimizer_and_grads = "optimizer_and_grads"  # ... and each gradient, once backward has made it
 
 
 class CompileName(StrEnum):

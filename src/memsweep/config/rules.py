@@ -76,6 +76,17 @@ RULES: list[Rule] = [
     Rule("activation-offload-on-cpu", lambda t, hw: t.offload.activations and hw.device == "cpu",
          "activations already live in host memory on the CPU: offloading them there only adds a copy; "
          "offload=activations is for GPUs"),
+    Rule("optimizer-offload-on-one-process", lambda t, hw: t.offload.optimizer and (
+        t.processes > 1 or t.deepspeed.on or t.fsdp.on),
+         "torchao's CPUOffloadOptimizer is for one GPU: its hook copies each gradient to the host before "
+         "several processes would reduce it; with several GPUs use deepspeed=zero2_offload or "
+         "fsdp=full_shard_offload"),
+    Rule("gradient-offload-with-accumulation", lambda t, hw: t.offload.grads and t.accumulation_steps > 1,
+         "offload=optimizer_and_grads copies each micro-batch's gradient over the last one on the host (torchao: "
+         "\"not compatible with gradient accumulation\"): use offload=optimizer, or accumulation=none"),
+    Rule("optimizer-offload-needs-a-gpu", lambda t, hw: t.offload.optimizer and hw.device != "cuda",
+         "torchao's CPUOffloadOptimizer moves the optimizer from a CUDA GPU to the host (it asserts CUDA or XPU); "
+         "on the CPU the optimizer already lives in host memory"),
     Rule("deepspeed-with-fsdp", lambda t, hw: t.deepspeed.on and t.fsdp.on,
          "DeepSpeed and FSDP both shard the model: choose one"),
     Rule("fsdp-offload-on-cpu", lambda t, hw: t.fsdp.offload and hw.device == "cpu",

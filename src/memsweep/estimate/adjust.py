@@ -30,6 +30,13 @@ step and replayed through the allocator model, so reserved bytes are predicted f
   parameters, their gradients and the optimizer's state and step live in host memory
   (torch.distributed.fsdp: offload_policy), so they come off the device. Each unit's shard copied to
   the device before its all-gather is not modelled.
+- Optimizer offload on one GPU (torchao's CPUOffloadOptimizer; offload=optimizer): the job traced as it
+  is; the optimizer's state and its step's temporaries come off the device (each trainable tensor's
+  gradient is copied to a pinned host copy by a post-accumulate-grad hook, the host optimizer steps it and
+  the weights are copied back, torchao/optim/cpu_offload.py). With offload_gradients (optimizer_and_grads)
+  the gradients come off too. Not modelled: tensors under 4,096 values keep their state on the device
+  (minimal_size: biases and norms, a few MB), and a gradient lives on the device from its accumulation
+  until its copy has run on the side stream (record_stream).
 - Activation offload (save_on_cpu; GPU only): the job traced with every tensor saved for backward
   copied to the host as save_on_cpu copies it (fake.save_on_host), and those copies off the device.
 """
@@ -81,6 +88,11 @@ def for_job(job: Config, plan) -> Optional[Adjustment]:
                           "state and step in host memory: traced without offload, those taken off the device",
                           dataclasses.replace(job, fsdp=dataclasses.replace(job.fsdp, offload=False)),
                           host=frozenset({"params", "grads", "optimizer", "temp"}))
+    if t.offload.optimizer and plan.device == "cuda":
+        grads = " and each gradient (freed on the device once copied)" if t.offload.grads else ""
+        return Adjustment(f"torchao's CPUOffloadOptimizer keeps the optimizer's state and step{grads} in host "
+                          "memory: traced as it is, those taken off the device", job,
+                          host=frozenset({"optimizer", "temp"} | ({"grads"} if t.offload.grads else set())))
     if t.offload.activations and plan.device == "cuda":
         return Adjustment("save_on_cpu copies every tensor saved for backward to pinned host memory: traced with "
                           "those copies made and taken off the device", job, host=frozenset({"host"}),

@@ -10,6 +10,7 @@ import torch
 
 from ..config.schema import HardwareConf
 from ..measure.optimizer_state import inner_optimizer, plain_tensors
+from ..techniques import optim
 from . import sharded
 
 
@@ -49,10 +50,8 @@ def build_optimizer(plan, model, profile: HardwareConf, spec):
     from transformers import Trainer
 
     cls, kwargs, args = spec
-    decay = set(Trainer.get_decay_parameter_names(None, model))  # does not use `self`
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
-              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    groups = optim.param_groups(model, set(Trainer.get_decay_parameter_names(None, model)),  # `self` unused
+                                args.weight_decay)
     kwargs = on_device(cls, kwargs, profile)
     if not cls.__module__.startswith("bitsandbytes"):
         torchao_maps(cls)

@@ -260,6 +260,7 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "optimizer_kernel": optimizer_kernel(optimizer) if optimizer is not None else None,
         "optimizer_state_bytes": optimizer_state_bytes(optimizer) if optimizer is not None else None,
         "learning_rate": peak_learning_rate(optimizer) if optimizer is not None else None,
+        "max_grad_norm": trainer.args.max_grad_norm,
         "trainable_params": trainable,
         "total_params": total,
         "frozen_params": sum(p.numel() for p in params if not p.requires_grad),

@@ -25,6 +25,7 @@ from transformers import Trainer, TrainerCallback
 
 from . import stopping
 from ..measure.optimizer_state import inner_optimizer
+from ..techniques import offload, optim
 from .model import pad_token_id
 from .plan import Plan
 
@@ -98,6 +99,15 @@ class MemsweepTrainer(Trainer):
         for make_context in self.plan.forward_contexts:
             stack.enter_context(make_context())
         return stack
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None and self.plan.techniques.offload.optimizer:
+            model = model if model is not None else self.model
+            cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
+            groups = optim.param_groups(model, set(self.get_decay_parameter_names(model)), self.args.weight_decay)
+            self.optimizer = offload.offloaded_optimizer(cls, [g for g in groups if g["params"]], kwargs,
+                                                         grads=self.plan.techniques.offload.grads)
+        return super().create_optimizer(model)
 
     def _clip_grad_norm(self, model):
         if self.plan.grad_scaler:  # clip the true gradients, not the scaled ones

@@ -42,6 +42,8 @@ class Techniques:
     compile: compile.Traits
     deepspeed: deepspeed.Traits
     fsdp: fsdp.Traits
+    accumulation_steps: int  # micro-batches per optimizer step
+    processes: int  # the job's ranks: distributed.nodes x distributed.nproc
 
 
 def traits_of(job) -> Techniques:
@@ -50,7 +52,8 @@ def traits_of(job) -> Techniques:
                       attention=attention.traits(job.attention), lora=lora.traits(job.lora),
                       checkpointing=checkpointing.traits(job.checkpointing), offload=offload.traits(job.offload),
                       compile=compile.traits(job.compile), deepspeed=deepspeed.traits(job.deepspeed),
-                      fsdp=fsdp.traits(job.fsdp))
+                      fsdp=fsdp.traits(job.fsdp), accumulation_steps=job.accumulation.steps,
+                      processes=job.distributed.nodes * job.distributed.nproc)
 
 
 def apply_all(job, plan) -> None:

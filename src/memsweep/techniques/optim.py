@@ -45,6 +45,14 @@ TRAITS = {
 }
 
 
+def param_groups(model, decay: set, weight_decay: float) -> list[dict]:
+    """The trainable parameters in Trainer.create_optimizer's two groups: those it decays (`decay`: its
+    get_decay_parameter_names) with `weight_decay`, the others (biases, norms) with none."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in named if n in decay], "weight_decay": weight_decay},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+
+
 def traits(hf_name) -> Traits:
     return TRAITS[OptimName(hf_name)]
 

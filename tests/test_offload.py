@@ -1,0 +1,64 @@
+"""offload: what each option keeps in host memory, in the real job's optimizer and in the estimate."""
+import pytest
+import torch
+from conftest import TINY, build_job, job_of
+
+from memsweep.estimate.core import estimate_job
+from memsweep.techniques import offload
+
+GPU = TINY + ["hardware=a100_40gb", "batch_size=4"]
+
+
+@pytest.mark.parametrize("option, expected", [("none", (False, False, False)), ("activations", (True, False, False)),
+                                              ("optimizer", (False, True, False)),
+                                              ("optimizer_and_grads", (False, True, True))])
+def test_each_option_says_what_lives_on_the_host(option, expected):
+    job, _ = job_of(TINY + [f"offload={option}"])
+    t = offload.traits(job.offload)
+    assert (t.activations, t.optimizer, t.grads) == expected
+
+
+def test_the_trainer_hands_its_optimizer_to_cpu_offload_with_trainers_groups(tmp_path, monkeypatch):
+    # CPUOffloadOptimizer itself needs a CUDA GPU (the gpu test below); here its construction is caught
+    seen = {}
+
+    def offloaded(cls, groups, kwargs, grads):
+        seen.update(cls=cls, groups=groups, kwargs=kwargs, grads=grads)
+        return cls(groups, **kwargs)
+
+    monkeypatch.setattr(offload, "offloaded_optimizer", offloaded)
+    built = build_job(TINY + ["offload=optimizer_and_grads", "optim.weight_decay=0.01"], tmp_path)
+    built.trainer.create_optimizer()
+    model = built.trainer.model
+    assert seen["cls"] is torch.optim.AdamW and seen["kwargs"]["fused"] is True and seen["grads"] is True
+    decayed, plain = seen["groups"]
+    assert (decayed["weight_decay"], plain["weight_decay"]) == (0.01, 0.0)
+    assert {id(p) for g in seen["groups"] for p in g["params"]} == {id(p) for p in model.parameters()
+                                                                     if p.requires_grad}
+    # the host optimizer steps gradients copied before Trainer would clip them: clipping is off
+    assert built.trainer.args.max_grad_norm == 0.0
+
+
+def test_the_estimate_takes_the_optimizer_then_the_gradients_off_the_gpu():
+    est = {o: estimate_job(*job_of(GPU + ["optim=adamw_torch", f"offload={o}"])).to_dict()
+           for o in ("none", "optimizer", "optimizer_and_grads")}
+    state, grads = est["none"]["optimizer_bytes"], est["none"]["grads_bytes"]
+    assert state > 0 and grads > 0
+    # no state and no step temporaries (the foreach AdamW's, as large as the gradients) on the device
+    saved = est["none"]["peak_allocated_bytes"] - est["optimizer"]["peak_allocated_bytes"]
+    assert saved >= state
+    assert est["optimizer"]["breakdown"].get("optimizer", 0) == est["optimizer"]["breakdown"].get("temp", 0) == 0
+    assert est["optimizer_and_grads"]["breakdown"].get("grads", 0) == 0
+    assert est["optimizer_and_grads"]["peak_allocated_bytes"] < est["optimizer"]["peak_allocated_bytes"]
+    assert "CPUOffloadOptimizer" in est["optimizer"]["method_reason"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_offloaded_job_holds_no_optimizer_state_there(tmp_path):
+    from conftest import run_job
+
+    res = {o: run_job(TINY + ["hardware=auto", "max_steps=2", f"offload={o}"], tmp_path / o)
+           for o in ("none", "optimizer")}
+    assert res["optimizer"]["status"] == "ok" and res["optimizer"]["effective"]["optimizer"] == "CPUOffloadOptimizer"
+    saved = res["none"]["memory"]["peak_bytes"] - res["optimizer"]["memory"]["peak_bytes"]
+    assert saved >= 0.9 * res["none"]["memory"]["optimizer_bytes"]
