@@ -1,8 +1,9 @@
 """`make gpu-check`: the GPU acceptance run, for whoever has a CUDA GPU.
 
 A small grid (precision fp32/fp16/bf16 x optim adamw/adamw_8bit/adafactor x checkpointing none/full) on
-the embedded MiniLM and on bert-base-sized random weights, and a decoder grid (optim x full/LoRA/QLoRA in
-bf16) on a ~0.2B Llama-style decoder with random weights, a few optimizer steps each, through the
+the embedded MiniLM and on bert-base-sized random weights, torchao's 8- and 4-bit AdamW and its optimizer
+CPU offload (with and without the gradients) on the bert-base shape, and a decoder grid (optim x
+full/LoRA/QLoRA in bf16) on a ~0.2B Llama-style decoder with random weights, a few optimizer steps each, through the
 ordinary `python train.py -m` path with `hardware=auto` (the GPU's own profile). Writes
 benchmarks/GPU.md: per job, predicted against measured for the three counters a GPU has (peak
 allocated, peak reserved, nvidia-smi "used"), the time per step, and the `effective` audit showing
@@ -26,11 +27,15 @@ from memsweep.sweep import sweepdir  # noqa: E402
 GRID = ["precision=fp32,fp16,bf16", "optim=adamw,adamw_8bit,adafactor", "checkpointing=none,full"]
 # A decoder's grid: the adapters (LoRA, and QLoRA's NF4 weights through bitsandbytes' CUDA kernels) x optim
 DECODER_GRID = ["precision=bf16", "optim=adamw,adamw_8bit", "lora=none,r16,qlora"]
+BERT_BASE = ["model=tiny", "model.hidden_size=768", "model.num_layers=12", "model.num_heads=12",
+             "model.intermediate_size=3072"]
 MODELS = {
     "minilm": GRID + ["model=minilm"],
     # bert-base's shape (110M parameters) with random weights: no download needed
-    "bert-base-random": GRID + ["model=tiny", "model.hidden_size=768", "model.num_layers=12", "model.num_heads=12",
-                                "model.intermediate_size=3072"],
+    "bert-base-random": GRID + BERT_BASE,
+    # torchao's low-bit AdamW (compiled steps) and its CPU offload of the optimizer, on the same shape
+    "bert-base-torchao": ["precision=bf16", "optim=adamw_torch_8bit,adamw_torch_4bit"] + BERT_BASE,
+    "bert-base-offload": ["precision=bf16", "offload=optimizer,optimizer_and_grads"] + BERT_BASE,
     # a Llama-style decoder of ~0.2B parameters (TinyLlama's widths, 8 layers) with random weights
     "llama-random": DECODER_GRID + ["task=causal_lm", "model=tiny-llama", "model.hidden_size=2048",
                                     "model.num_layers=8", "model.num_heads=32", "model.num_kv_heads=4",

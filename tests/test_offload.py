@@ -62,3 +62,31 @@ def test_on_a_gpu_the_offloaded_job_holds_no_optimizer_state_there(tmp_path):
     assert res["optimizer"]["status"] == "ok" and res["optimizer"]["effective"]["optimizer"] == "CPUOffloadOptimizer"
     saved = res["none"]["memory"]["peak_bytes"] - res["optimizer"]["memory"]["peak_bytes"]
     assert saved >= 0.9 * res["none"]["memory"]["optimizer_bytes"]
+
+
+def test_the_ledger_reads_the_gpu_and_the_state_cpu_offload_leaves_there():
+    # CPUOffloadOptimizer keeps no state of its own (it skips Optimizer.__init__): the state on the device
+    # is its device optimizer's, for the tensors under 4,096 values; the host optimizers' is not counted
+    from types import SimpleNamespace
+
+    from torchao.optim import CPUOffloadOptimizer
+
+    from memsweep.measure.ledger import ledger_reading
+    from memsweep.measure.optimizer_state import on_device, optimizer_state_bytes
+
+    small, large = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.ones(4096))
+    offloaded = object.__new__(CPUOffloadOptimizer)  # its __init__ needs CUDA; these are the fields it sets
+    offloaded.d_opt = torch.optim.AdamW([small])
+    offloaded.optim_dict = {large: torch.optim.AdamW([large])}
+    for p in (small, large):
+        p.grad = torch.ones_like(p)
+    offloaded.d_opt.step()
+    offloaded.optim_dict[large].step()
+    assert on_device(SimpleNamespace(optimizer=offloaded)) is offloaded.d_opt
+    assert optimizer_state_bytes(offloaded) == 2 * 8 * 4 + 4  # two moments and the step count
+    offloaded.d_opt = None
+    assert optimizer_state_bytes(offloaded) == 0
+    # the host's tracked tensors (offload's copies, the host optimizer) may outweigh the GPU's
+    snaps = {torch.device("cpu"): {"Total": 9, "Parameter": 9}, torch.device("cuda", 0): {"Total": 5, "Parameter": 5}}
+    tracker = SimpleNamespace(get_tracker_snapshot=lambda kind: snaps, saved_activations=0, category_max={})
+    assert ledger_reading(tracker, 0)["peak_bytes"] == 5

@@ -19,6 +19,7 @@ CASES = {
     "activation-offload-on-cpu": ["offload=activations"],
     "optimizer-offload-on-one-process": ["offload=optimizer", "distributed.nproc=2"],
     "gradient-offload-with-accumulation": ["offload=optimizer_and_grads", "accumulation=x4"],
+    "optimizer-offload-with-loss-scaling": ["offload=optimizer", "precision=fp16"],
     "optimizer-offload-needs-a-gpu": ["offload=optimizer"],
     "deepspeed-with-fsdp": ["deepspeed=zero2", "fsdp=full_shard"],
     "fsdp-offload-on-cpu": ["fsdp=full_shard_offload"],

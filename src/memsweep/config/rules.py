@@ -84,6 +84,9 @@ RULES: list[Rule] = [
     Rule("gradient-offload-with-accumulation", lambda t, hw: t.offload.grads and t.accumulation_steps > 1,
          "offload=optimizer_and_grads copies each micro-batch's gradient over the last one on the host (torchao: "
          "\"not compatible with gradient accumulation\"): use offload=optimizer, or accumulation=none"),
+    Rule("optimizer-offload-with-loss-scaling", lambda t, hw: t.offload.optimizer and t.precision.loss_scaling,
+         "the host optimizer steps the gradients copied as backward makes them, still multiplied by "
+         "GradScaler's scale (it unscales only the GPU's): use precision=bf16, bf16_true or fp32"),
     Rule("optimizer-offload-needs-a-gpu", lambda t, hw: t.offload.optimizer and hw.device != "cuda",
          "torchao's CPUOffloadOptimizer moves the optimizer from a CUDA GPU to the host (it asserts CUDA or XPU); "
          "on the CPU the optimizer already lives in host memory"),

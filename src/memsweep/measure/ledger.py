@@ -16,7 +16,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import TrainerCallback
 
 from ..run import host_memory
-from .optimizer_state import inner_optimizer, optimizer_kernel, optimizer_state_bytes, own_weights, peak_learning_rate
+from .optimizer_state import (inner_optimizer, on_device, optimizer_kernel, optimizer_state_bytes, own_weights,
+                              peak_learning_rate)
 
 # MemTracker warns on every backward hook whose module was collected; nothing is lost.
 warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
@@ -131,7 +132,8 @@ class LedgerCallback(TrainerCallback):
         self.ledger = Ledger(step=self.step, seq_len=self.seq_len, dataloader=loader_settings(train_dataloader))
         self._hook = _first_linear(model).register_forward_hook(self._see_compute)
         self.tracker = LedgerTracker(root=model)
-        self.tracker.track_external(model, inner_optimizer(optimizer), *own_weights(optimizer, model))
+        held = [o for o in (on_device(optimizer),) if o is not None]
+        self.tracker.track_external(model, *held, *own_weights(optimizer, model))
         # Dynamo compiles nothing under a dispatch mode such as the tracker's: compiled code runs eager in
         # this step, and code compiled with fullgraph=True (torchao's optimizer step) would raise instead
         self._eager = torch.compiler.set_stance("force_eager")
@@ -167,7 +169,9 @@ def ledger_reading(tracker: LedgerTracker, state_bytes: int) -> dict[str, Any]:
     counts everything optimizer.step() allocates as optimizer state: beyond `state_bytes` (read off the
     optimizer itself) it is the step's temporaries. Real jobs and the estimator's trace both read it here."""
     snaps = tracker.get_tracker_snapshot("peak")
-    device = max(snaps, key=lambda d: snaps[d]["Total"])
+    # a GPU job's ledger is the GPU's: the host's tensors are tracked too (offload's copies, a host optimizer)
+    on_gpu = [d for d in snaps if torch.device(d).type == "cuda"]
+    device = on_gpu[0] if on_gpu else max(snaps, key=lambda d: snaps[d]["Total"])
     breakdown = {CATEGORIES[k]: v for k, v in snaps[device].items() if k in CATEGORIES}
     if breakdown.get("optimizer", 0) > state_bytes:
         breakdown["temp"] = breakdown.get("temp", 0) + breakdown["optimizer"] - state_bytes

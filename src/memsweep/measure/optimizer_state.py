@@ -15,6 +15,14 @@ def inner_optimizer(optimizer):
     return optimizer
 
 
+def on_device(optimizer):
+    """The optimizer whose state lives on the job's device: the inner one or, under torchao's
+    CPUOffloadOptimizer (no state of its own: one host optimizer per tensor, `optim_dict`), the one stepping
+    the tensors it leaves on the device (`d_opt`; None when it leaves none)."""
+    inner = inner_optimizer(optimizer)
+    return inner.d_opt if hasattr(inner, "optim_dict") else inner
+
+
 # DeepSpeed's fp32 master partitions: stage_1_and_2.py and stage3.py (which hands them to the client
 # optimizer only during its step); stage3.py's partitions of the model's weights (each parameter's
 # ds_tensor is a view of them) and its gradient partitions (grad_partitions_flat_buffer), both made when
@@ -54,9 +62,10 @@ def plain_tensors(value) -> list:
 
 
 def optimizer_state_bytes(optimizer) -> int:
-    inner = inner_optimizer(optimizer)
+    """The bytes of optimizer state on the job's device, each storage once."""
+    inner = on_device(optimizer)
     seen, total = set(), 0
-    for state in inner.state.values():
+    for state in (inner.state.values() if inner is not None else ()):
         for value in state.values():
             for t in plain_tensors(value):  # FSDP2's DTensor: this process's shard
                 if t.untyped_storage().data_ptr() not in seen:
