@@ -192,6 +192,10 @@ def step_time(traced: dict, plan, profile) -> dict:
            "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), no efficiency factor"}
     if parts["no_rate"]:
         out.update(step_s=None, why_not=f"profile {profile.name} has no peak rate for {', '.join(parts['no_rate'])}")
+    elif plan.techniques.offload.optimizer:
+        out.update(step_s=None, why_not="the optimizer steps on the host (CPUOffloadOptimizer): the host's step and "
+                                        "its copies of the gradients and weights depend on the host, which no "
+                                        "profile describes")
     elif traced.get("optimizer") and traced.get("adjustment") and plan.techniques.deepspeed.on:
         out["note"] = "DeepSpeed's flat-partition optimizer step and its collectives are not timed"
     return out
