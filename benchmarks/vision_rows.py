@@ -61,23 +61,26 @@ def torchao_vit_h(row: dict[str, Any], common: dict[str, Any]) -> Job:
 
 def torchao_vit_giant(row: dict[str, Any], common: dict[str, Any]) -> Job:
     """torchao's CPU-offload tables: DINOv2 ViT-g/14 at batch 32, 224 x 224, every block checkpointed, fused AdamW."""
-    offload = str(row.get("offload"))
+    offload, precision, engine, caveat = str(row.get("offload")), PRECISION[str(row["precision"]).split()[0]], [], ""
     if offload.startswith("DeepSpeed"):
-        raise NotModelled("DeepSpeed ZeRO-Offload of a model cast to bf16 (the row's full bf16): memsweep's DeepSpeed "
-                          "trains fp32 weights in mixed precision (rule deepspeed-bf16-true)")
-    if offload.startswith("torchao CPUOffloadOptimizer"):  # the script's --optim_cpu_offload ao / ao_offload_grads
+        # the script's DeepSpeed config: ZeRO-2, overlap_comm, the optimizer offloaded to pinned CPU memory, bf16
+        # on, DeepSpeed's default 5e8-value reduce bucket. DeepSpeed casts the model to bf16 itself, so its
+        # bf16 from the fp32 weights (memsweep's precision=bf16) is the script's model.bfloat16() + bf16
+        offload, precision = "none", "bf16"
+        engine = ["deepspeed=zero2_offload", "deepspeed.overlap_comm=true", "deepspeed.reduce_bucket_size=500000000"]
+        caveat = "; DeepSpeed ZeRO-2 with optimizer offload, casting the model to bf16 as the script's bf16 model"
+    elif offload.startswith("torchao CPUOffloadOptimizer"):  # the script's --optim_cpu_offload ao / ao_offload_grads
         offload = "optimizer_and_grads" if "offload_gradients=True" in offload else "optimizer"
-    precision = PRECISION[str(row["precision"]).split()[0]]
     job = VIT + ["model=dinov2-giant", "+model.overrides.image_size=224", "hardware=rtx4090", "hardware.memory_gib=16",
                  "batch_size=32", f"precision={precision}", "optim=adamw_fused", "checkpointing=full",
-                 f"offload={offload}"]
+                 f"offload={offload}", *engine]
     return job, ("timm vit_giant_patch14_dinov2 as transformers' Dinov2 (model=dinov2-giant: the same blocks, SwiGLU MLP "
                  "of 4096 and layer scale; timm packs gate and up in one matmul, transformers makes two, the same "
                  "bytes); 224 x 224 crops, the script's, so 257 tokens (timm builds the 518-px model at 224 with "
                  "`img_size=224`, its positions resampled); transformers' head reads the class token and the mean "
                  "patch token (3,072 inputs) for a 10-class one where timm's reads the class token for 45 classes; "
                  "the RTX 4090 profile with the RTX 4070 Ti SUPER's 16 GiB"
-                 + ("; traced eager (the source compiled the model)" if row.get("compile") else ""))
+                 + ("; traced eager (the source compiled the model)" if row.get("compile") else "") + caveat)
 
 
 TABLES: dict[str, Callable[[dict[str, Any], dict[str, Any]], Job]] = {

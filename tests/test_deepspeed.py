@@ -77,3 +77,18 @@ def test_the_bucket_keys_reach_deepspeeds_config():
     assert zero("deepspeed=zero3")["overlap_comm"] is True  # DeepSpeed's own default for stage 3, kept
     lightning = zero("deepspeed=zero2", "deepspeed.reduce_bucket_size=200000000", "deepspeed.overlap_comm=true")
     assert (lightning["reduce_bucket_size"], lightning["overlap_comm"]) == (200_000_000, True)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_on_a_gpu_zero_offload_keeps_the_optimizers_state_and_step_on_the_host(stage):
+    # CPUAdam steps the partition on the host: on the GPU neither its state nor its step's temporaries
+    from conftest import job_of
+
+    from memsweep.estimate.core import estimate_job
+
+    est = {o: estimate_job(*job_of(TINY + ["hardware=a100_40gb", "batch_size=4", "precision=bf16",
+                                           f"deepspeed=zero{stage}{o}"])).to_dict() for o in ("", "_offload")}
+    kept, offloaded = est[""], est["_offload"]
+    assert kept["breakdown"]["optimizer"] > 0
+    assert offloaded["breakdown"].get("optimizer", 0) == offloaded["breakdown"].get("temp", 0) == 0
+    assert kept["peak_allocated_bytes"] - offloaded["peak_allocated_bytes"] >= kept["breakdown"]["optimizer"]

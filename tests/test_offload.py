@@ -51,9 +51,9 @@ def test_the_estimate_takes_the_optimizer_then_the_gradients_off_the_gpu():
     assert est["optimizer_and_grads"]["breakdown"].get("grads", 0) == 0
     assert est["optimizer_and_grads"]["peak_allocated_bytes"] < est["optimizer"]["peak_allocated_bytes"]
     assert "CPUOffloadOptimizer" in est["optimizer"]["method_reason"]
-    # the device's forward and backward are timed, the host's step is not
-    assert est["none"]["predicted_step_s"] > 0 and est["optimizer"]["predicted_step_s"] is None
-    assert "on the host" in est["optimizer"]["step_time"]["why_not"]
+    # the device's forward and backward are timed, the host's step is not: a lower bound that says so
+    assert 0 < est["optimizer"]["predicted_step_s"] < est["none"]["predicted_step_s"]
+    assert "on the host" in est["optimizer"]["step_time"]["note"] and "note" not in est["none"]["step_time"]
 
 
 @pytest.mark.gpu

@@ -113,7 +113,9 @@ def zero(job: Config, plan) -> Adjustment:
     if stage == 0 and not mixed:
         return Adjustment("ZeRO stage 0 in fp32 trains as plain PyTorch: traced without DeepSpeed", nearest)
     off_host = plan.device == "cuda"  # the CPU is the host: offloading to it changes nothing there
-    host = frozenset({"params"} if t.deepspeed.offload_param and stage == 3 and off_host else ())
+    # offloaded, the optimizer's state and step are CPUAdam's on the host (the traced optimizer's come off)
+    host = frozenset(({"params"} if t.deepspeed.offload_param and stage == 3 and off_host else set())
+                     | ({"optimizer", "temp"} if t.deepspeed.offload_optimizer and off_host else set()))
     return Adjustment(f"DeepSpeed ZeRO-{stage} partitions and casts the model itself: traced as the job without "
                       f"DeepSpeed{' in bf16 weights' if mixed else ''}{' sharded as FSDP full_shard' if stage == 3 else ''}, "
                       "with ZeRO's per-process optimizer partition, master weights and gradient buffers added",
