@@ -184,7 +184,7 @@ def training_step(model, optimizer, batches, plan, marks=NoMarks(), forward_cont
 
 
 def state_bytes(optimizer) -> int:
-    """Bytes of optimizer state, each tensor once (measure.optimizer_state_bytes dedupes by data pointer,
+    """Bytes of optimizer state, each tensor once (optimizer_state_bytes dedupes by data pointer,
     which is 0 for every fake tensor; bitsandbytes gives every parameter's state the same two maps).
     FSDP's DTensor state counts this rank's shard, torchao's low-bit state its codes, scales and map."""
     unique = {id(t): t for s in inner_optimizer(optimizer).state.values() for v in s.values()

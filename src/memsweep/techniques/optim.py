@@ -2,7 +2,8 @@
 adamw_torch_8bit, ...).
 
 This module owns what an optimizer name means beyond its Trainer name (`traits`): which update rule
-it runs, how its state is stored, whose kernels step it (torch, bitsandbytes or torchao). Rules and the estimator ask here.
+it runs, how its state is stored, whose kernels step it (torch, bitsandbytes or torchao). Rules and the
+estimator ask here.
 """
 import contextlib
 import sys
