@@ -1,7 +1,8 @@
 """The model a trace runs: a copy of the job's meta model (run/model.meta_model: built once per
 architecture and head from its config, no weights, no memory; the structure is read off the same one)
 with the plan's load-time settings and transforms: the stored dtype, the attention kernel,
-bitsandbytes' layers where the plan quantizes, then freezing, LoRA, checkpointing, the stored dtype (bf16_true, fp16_true, fp64).
+bitsandbytes' layers where the plan quantizes, then freezing, LoRA, checkpointing, the stored dtype (bf16_true,
+fp16_true, fp64).
 """
 import copy
 

@@ -171,8 +171,7 @@ def step_time(traced: dict, plan, profile) -> dict:
     optimizer step + activation offload's host copies (save_on_cpu: each saved tensor to the host in forward
     and back in backward, over the host link), with its parts; `step_s` None with the reason where it cannot
     be predicted."""
-    t = plan.techniques
-    rates = rates_of(profile, t.precision.compute)
+    rates = rates_of(profile, plan.techniques.precision.compute)
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
     parts = seconds(traced["roofline_ops"], rates)
@@ -193,11 +192,11 @@ def step_time(traced: dict, plan, profile) -> dict:
            "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), no efficiency factor"}
     if parts["no_rate"]:
         out.update(step_s=None, why_not=f"profile {profile.name} has no peak rate for {', '.join(parts['no_rate'])}")
-    elif t.offload.optimizer or t.deepspeed.offload_optimizer or t.fsdp.offload:
+    elif traced.get("optimizer_on_host"):  # the adjustment took the optimizer off the device (adjust.py)
         # the step on the host depends on the host's CPU and memory, which no profile describes; the GPU runs none
         out.update(step_s=total - parts["step"], optimizer_s=0.0,
                    note="the optimizer steps on the host: its step and the copies of gradients and weights to and "
                         "from it are not timed (a lower bound)")
-    elif traced.get("optimizer") and traced.get("adjustment") and t.deepspeed.on:
+    elif traced.get("optimizer") and traced.get("adjustment") and plan.techniques.deepspeed.on:
         out["note"] = "DeepSpeed's flat-partition optimizer step and its collectives are not timed"
     return out

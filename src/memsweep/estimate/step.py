@@ -9,6 +9,7 @@ import tempfile
 import torch
 
 from ..config.schema import HardwareConf
+from ..measure.ledger import eager
 from ..measure.optimizer_state import inner_optimizer, plain_tensors
 from ..techniques import optim
 from . import sharded
@@ -57,13 +58,6 @@ def build_optimizer(plan, model, profile: HardwareConf, spec):
         torchao_maps(cls)
         return cls(groups, **kwargs)
     return bitsandbytes_optimizer(cls, groups, kwargs, model)
-
-
-def eager():
-    """Compiled code runs eager, as in the real job's ledger step. Dynamo compiles nothing under the
-    recorder's dispatch mode, where code compiled with fullgraph=True (torchao's optimizer step) raises;
-    under fake tensors alone, inductor's kernels would be called on fake tensors (a crash)."""
-    return torch.compiler.set_stance("force_eager")
 
 
 def on_device(cls, kwargs: dict, profile: HardwareConf) -> dict:

@@ -14,11 +14,11 @@ import time
 from typing import Any, Optional
 
 from ..config.schema import Config, HardwareConf
-from ..measure.ledger import LedgerTracker, ledger_reading
+from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
 from . import adjust, capture, fake, roofline, scratch, sharded, zero
-from .step import build_optimizer, eager, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
+from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
 
@@ -157,7 +157,8 @@ def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareC
     readings, sized = [], scratch.sized(recorder.events, recorder.reductions, scratch.gpu_of(profile))
     for rank in range(adjustment.zero.world if adjustment.zero else 1):
         events, categories = adjust.apply(sized, recorder.categories, adjustment, flat, rank)
-        reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason}
+        reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason,
+                   "optimizer_on_host": "optimizer" in adjustment.host}
         if profile.device == "cuda":
             reading["allocator"] = capture.allocator_reading(events, categories)
         readings.append(reading)

@@ -97,6 +97,14 @@ class LedgerTracker(MemTracker):
                     self.category_max[key] = value
 
 
+def eager():
+    """Compiled code runs eager, in the ledger step and in the estimator's trace of it. Dynamo compiles
+    nothing under a dispatch mode (the tracker's, the trace's recorder), where code compiled with
+    fullgraph=True (torchao's optimizer step) raises; under fake tensors alone, inductor's kernels would be
+    called on fake tensors (a crash)."""
+    return torch.compiler.set_stance("force_eager")
+
+
 def param_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -134,9 +142,7 @@ class LedgerCallback(TrainerCallback):
         self.tracker = LedgerTracker(root=model)
         held = [o for o in (on_device(optimizer),) if o is not None]
         self.tracker.track_external(model, *held, *own_weights(optimizer, model))
-        # Dynamo compiles nothing under a dispatch mode such as the tracker's: compiled code runs eager in
-        # this step, and code compiled with fullgraph=True (torchao's optimizer step) would raise instead
-        self._eager = torch.compiler.set_stance("force_eager")
+        self._eager = eager()
         self.tracker.__enter__()
 
     def _see_compute(self, module, inputs, output):

@@ -2,11 +2,13 @@
 accumulation keeping the effective batch, each combination as the job it would be; and what each
 combination changes about the training, so a row shows its quality risk beside its speed."""
 import dataclasses
+import functools
 import itertools
 from typing import Iterator
 
-from ..config.schema import CONF_DIR, Config
+from ..config.schema import CONF_DIR, Config, OptimConf
 from ..errors import ConfigError
+from ..techniques import optim
 from .twin import family
 
 GROUPS = ("precision", "optim", "checkpointing", "lora")
@@ -74,6 +76,12 @@ def variant(job: Config, combo: dict[str, str], micro_batch: int) -> Config:
     return dataclasses.replace(job, **changes)
 
 
+@functools.lru_cache(maxsize=None)
+def state_bits(option: str) -> int:
+    """The bits of each optimizer moment the `optim` option stores (techniques/optim.py owns what it means)."""
+    return optim.traits(section("optim", option, OptimConf).hf_name).state_bits
+
+
 def changes_to_training(combo: dict[str, str]) -> str:
     """What the combination changes about what is trained and how, beside full fine-tuning in fp32."""
     said = {"bf16_true": "bf16 weights and updates (no fp32 master copy)", "bf16": "bf16 autocast, fp32 master",
@@ -83,8 +91,9 @@ def changes_to_training(combo: dict[str, str]) -> str:
     parts.append({"none": "all weights trained", "r8": "base frozen, LoRA r8 adapters",
                   "r16": "base frozen, LoRA r16 adapters", "qlora": "base frozen and quantized to 4-bit NF4, LoRA",
                   "int8": "base frozen and quantized to 8-bit (LLM.int8), LoRA"}.get(combo["lora"], combo["lora"]))
-    if "8bit" in combo["optim"] or "4bit" in combo["optim"]:
-        parts.append(f"{'8' if '8bit' in combo['optim'] else '4'}-bit optimizer state")
+    bits = state_bits(combo["optim"])
+    if bits < 32:
+        parts.append(f"{bits}-bit optimizer state")
     elif combo["optim"] == "adafactor":
         parts.append("Adafactor (factored second moment)")
     if combo["checkpointing"] != "none":
