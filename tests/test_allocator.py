@@ -74,6 +74,25 @@ def test_a_freed_block_is_reused_by_a_smaller_request():
     assert replay([alloc("a", 30 * MIB), free("a"), alloc("b", 29 * MIB + MIB // 2)]).allocated_bytes == 30 * MIB
 
 
+def test_a_block_another_stream_still_uses_is_reused_only_once_that_use_completes():
+    # record_stream: 30 MiB freed while another stream reads it. allocated_bytes falls at the free, the
+    # block is not cached yet: a second 30 MiB is a new segment; once completed, a third reuses the first
+    r = replay([alloc("a", 30 * MIB), ("free_requested", "a"), alloc("b", 30 * MIB), ("free_completed", "a"),
+                alloc("c", 30 * MIB)])
+    assert r.peak_reserved_bytes == 60 * MIB and r.segments == 2
+    assert r.peak_allocated_bytes == 60 * MIB and r.allocated_bytes == 60 * MIB
+    held = replay([alloc("a", 30 * MIB), ("free_requested", "a"), alloc("b", 30 * MIB)])
+    assert held.allocated_bytes == 30 * MIB and held.peak_allocated_bytes == 30 * MIB
+
+
+def test_a_block_awaiting_another_stream_does_not_merge_with_its_freed_neighbour():
+    # a and b, 5 MiB each, cut from one 20 MiB segment. a awaits another stream; b freed merges with the
+    # 10 MiB rest only (15 MiB): 18 MiB needs a new segment. Completed, a merges back: 20 MiB serve 18
+    start = [alloc("a", 5 * MIB), alloc("b", 5 * MIB), ("free_requested", "a"), free("b")]
+    assert replay(start + [alloc("c", 18 * MIB)]).peak_reserved_bytes == 20 * MIB + 18 * MIB
+    assert replay(start + [("free_completed", "a"), alloc("c", 18 * MIB)]).peak_reserved_bytes == 20 * MIB
+
+
 def test_the_smallest_free_block_that_fits_is_taken_not_the_first():
     # 40 MiB then 30 MiB, both freed. 25 MiB takes the 30 MiB block (best fit), so 35 MiB still finds
     # the 40 MiB one: 70 MiB reserved. First fit by address would cut 25 from the 40 and need a new

@@ -47,6 +47,7 @@ from typing import Optional
 
 from ..config.schema import Config, DeepspeedConf, FsdpConf, FsdpStrategy, PrecisionConf, PrecisionName
 from . import zero as zero_walk
+from .allocator import BLOCK_EVENTS
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None
     if adjustment.zero is not None:
         events, categories = zero_walk.walk(events, categories, adjustment.zero, rank)
     for event in events:
-        category = categories.get(event[1]) if event[0] in ("alloc", "free") else None
+        category = categories.get(event[1]) if event[0] in BLOCK_EVENTS else None
         if category in adjustment.host:
             continue
         if event[0] == "alloc" and category == "grads" and adjustment.grads_share != 1.0:

@@ -9,16 +9,19 @@ function named with each rule below is where it lives) and returns both peaks.
 
 Sources: CUDACachingAllocator.cpp (its header comment, the constants of namespace Native, malloc,
 round_size, get_pool, get_allocation_size, get_free_block, should_split, alloc_found_block,
-free_block, try_merge_blocks, alloc_block, find_expandable_block, try_allocate_expandable_block,
+free, insert_events, process_events, free_block, try_merge_blocks, alloc_block, find_expandable_block, try_allocate_expandable_block,
 Note [Expandable Segments]); c10 AllocatorConfig (parseMaxSplitSize); the torch docs page "CUDA
 semantics -> Memory management -> Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF".
 
-Modelled for one device and one stream (a training step's). Not modelled: empty_cache and what the
+Modelled for one device and the training step's stream; a block another stream still uses when it is
+freed (record_stream) is given back to its pool when those uses are done ("free_requested" ...
+"free_completed", as a memory snapshot records it). Not modelled: empty_cache and what the
 allocator frees under memory pressure (a failed cudaMalloc releases cached unsplit segments and
 retries: here memory is unlimited, so the peak reserved is what the job reserves on a GPU with room
-to spare); other streams and their events; CUDA graph pools; garbage_collection_threshold;
-roundup_power2_divisions; the cudaMallocAsync backend. cudaMalloc's addresses are not known: new
-segments are placed at increasing addresses, which only breaks ties between free blocks of one size
+to spare); blocks allocated on other streams (each stream's cached blocks serve only that stream);
+CUDA graph pools; garbage_collection_threshold; roundup_power2_divisions; the cudaMallocAsync backend.
+cudaMalloc's addresses are not known: new segments are placed at increasing addresses, which only
+breaks ties between free blocks of one size
 (a recorded snapshot's own addresses can be given instead, and the segments it started with seeded:
 tests/test_allocator_snapshots.py replays public snapshots to their reserved bytes and addresses).
 """
@@ -144,6 +147,7 @@ class CachingAllocator:
         self.max_split = options.max_split_size if options.max_split_size is not None else float("inf")
         self.pools = {True: Pool(small=True), False: Pool(small=False)}
         self.live: dict = {}  # key -> its Block
+        self.pending: dict = {}  # key -> its Block: freed, not yet reusable (free_requested)
         self.empty: set = set()  # keys of 0-byte allocations, which never get a block
         self.next_addr = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = self.segments = 0
@@ -166,12 +170,26 @@ class CachingAllocator:
     def free(self, key) -> None:
         """free_block: the block goes back to its pool, merged with free neighbours in its segment
         (try_merge_blocks); the memory stays reserved (only empty_cache or memory pressure release it)."""
+        self.free_requested(key)
+        self.free_completed(key)
+
+    def free_requested(self, key) -> None:
+        """free of a block another stream still uses (Tensor.record_stream): allocated_bytes falls now, but
+        the block is not cached until the events recorded on those streams complete (insert_events); it
+        keeps its place in its segment, so a free neighbour cannot merge into it meanwhile."""
+        if key in self.empty:
+            return
+        block = self.live.pop(key)
+        self.allocated -= block.size
+        self.pending[key] = block
+
+    def free_completed(self, key) -> None:
+        """process_events: the other streams' events done, free_block returns the block to its pool."""
         if key in self.empty:
             self.empty.discard(key)
             return
-        block = self.live.pop(key)
+        block = self.pending.pop(key)
         block.allocated = False
-        self.allocated -= block.size
         pool = self.pools[block.segment.small]
         for neighbour in (block.prev, block.next):
             if neighbour is not None and not neighbour.allocated:
@@ -306,15 +324,23 @@ class CachingAllocator:
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
 
+# A block's events, as memory snapshots name them (TraceEntry: alloc, free_requested, free_completed):
+# "free" is a free that completes at once, the only kind on one stream.
+BLOCK_EVENTS = ("alloc", "free", "free_requested", "free_completed")
+
+
 def replay(events: Iterable[tuple], options: Options = Options()) -> Reading:
-    """Run ("alloc", key, nbytes) / ("free", key) / ("reset_peak",) events through the allocator (other
-    events, such as capture.py's marks, are not the allocator's)."""
+    """Run ("alloc", key, nbytes) / ("free", key) / ("free_requested", key) ... ("free_completed", key) /
+    ("reset_peak",) events through the allocator (other events, such as capture.py's marks, are not the
+    allocator's)."""
     allocator = CachingAllocator(options)
+    steps = {"free": allocator.free, "free_requested": allocator.free_requested,
+             "free_completed": allocator.free_completed}
     for event in events:
         if event[0] == "alloc":
             allocator.malloc(event[1], event[2])
-        elif event[0] == "free":
-            allocator.free(event[1])
+        elif event[0] in steps:
+            steps[event[0]](event[1])
         elif event[0] == "reset_peak":
             allocator.reset_peak()
     return allocator.reading()

@@ -40,7 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..measure.optimizer_state import plain_tensors
 from . import scratch, sharded
-from .allocator import Options, replay
+from .allocator import BLOCK_EVENTS, Options, replay
 
 
 class Recorder(TorchDispatchMode):
@@ -253,7 +253,7 @@ def tensor_reading(events, categories: dict) -> dict[str, Any]:
     micro-batches), the gradients' and the optimizer state's own maxima."""
     sizes, live, peak, at_peak, held, most = {}, {}, 0, {}, 0, {"grads": 0, "optimizer": 0}
     for event in events:
-        if event[0] in ("alloc", "free") and categories.get(event[1]) == "workspace":
+        if event[0] in BLOCK_EVENTS and categories.get(event[1]) == "workspace":
             continue  # a library's or a kernel's block, not a tensor: the allocator's reading counts it
         if event[0] == "alloc":
             sizes[event[1]] = event[2]
@@ -262,7 +262,7 @@ def tensor_reading(events, categories: dict) -> dict[str, Any]:
             if sum(live.values()) > peak:
                 peak, at_peak = sum(live.values()), dict(live)
             most = {k: max(v, live.get(k, 0)) for k, v in most.items()}
-        elif event[0] == "free":
+        elif event[0] in ("free", "free_requested"):  # a tensor's bytes end at its free, whatever the streams
             category = categories.get(event[1], "activations")
             live[category] -= sizes.pop(event[1])
         elif event == ("mark", "backward"):
