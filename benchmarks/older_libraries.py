@@ -1,5 +1,5 @@
 """Named adjustments for published rows measured with other libraries than the ones memsweep installs: older
-releases, FSDP1 where memsweep has FSDP2, a training script's own loss.
+releases, FSDP1 where memsweep has FSDP2, a training script's own loss and loop.
 
 memsweep's estimate is the step of the libraries it installs. A published figure measured years earlier, or
 through another library's code, can differ by what that code did; where the source states its version or its
@@ -15,23 +15,20 @@ mechanism with its source and what it applies to, and a table that states neithe
   intermediates"); the Adam family was reduced to one intermediate by the PRs of 2023-07-10 (#104898 for
   AdamW, the issue's comment of 2023-07-12 for Adam), so torch 2.0.x and the 2.1 nightlies dated before
   2023-07-10 hold the second list; torch 2.1.0 (October 2023) does not.
-- Lightning's `FSDPStrategy` is FSDP1 (`FullyShardedDataParallel`, with `use_orig_params=True` on torch >= 2.0),
-  where memsweep shards with FSDP2. FSDP1 flattens each unit's parameters into one FlatParameter, which
-  requires a gradient when any of them does: a unit mixing frozen and trainable parameters (a transformer
-  block with LoRA weights) gets a gradient for all of them. torch's FSDP docs ("FSDP has some constraints on
-  freezing parameters ... the gradient memory usage will be higher than expected (namely, equivalent to not
-  freezing those parameters)"), FSDP1's wrap-time warning naming the numels, Lightning-AI/litgpt issue #1417
-  and PR #1538 (the same block wrapping). Under `no_sync` (every micro-batch but an accumulated step's last)
-  FSDP1 keeps those gradients unsharded until the last micro-batch reduces them. While such a row is
-  estimated, every parameter of an FSDP unit holding a trainable one requires a gradient once the optimizer
-  is built (the optimizer still steps the trainable ones only, as the source's did): FSDP2 then computes,
-  accumulates unsharded and reduce-scatters the same gradient bytes. A unit of only frozen or only
-  trainable parameters is unchanged.
+- Lightning's `FSDPStrategy` is FSDP1 where memsweep shards with FSDP2: what FSDP1's step holds that FSDP2's
+  does not is fsdp1.py's. Its flat parameters wherever a table or row names FSDPStrategy; its run-ahead
+  without the rate limiter (unsharded buffers freed on other streams reused after the micro-batch; with CPU
+  offload, each shard's device copy too) where the stated torch predates the limiter's default.
 - bitsandbytes before 0.43.2 kept a 4-bit linear's input for backward (`MatMul4Bit.forward`:
   `ctx.tensors = (A, B)` whenever a gradient is needed), though the backward reads only the weight: for
   every 4-bit layer whose input requires a gradient, that input stays alive until the layer's backward.
   bitsandbytes PR #1270 (released in 0.43.2) saves `(None, B)`, as the installed one does. While a table
   stating such a bitsandbytes is estimated, the installed MatMul4Bit keeps its input so.
+- A script that calls optimizer.zero_grad() between the forward and the backward (as Raschka's scripts do:
+  `logits = model(features)`, `optimizer.zero_grad()`, `backward`, `optimizer.step()`) keeps the previous
+  step's gradients through the forward; Trainer, which memsweep runs, zeroes them after the step. A table
+  or row states `zero_grad: after the forward` where its code does; it is estimated with the gradients
+  freed (set to None, torch >= 2.0's default) as backward begins.
 - lit-gpt's loss (`chunked_cross_entropy`, lit_gpt/utils.py, with `lm_head_chunk_size=128` in its fine-tuning
   scripts) takes cross-entropy of the bf16 logits in 128-token chunks, without transformers' upcast to fp32.
   While a table naming it is estimated, the causal-LM loss is computed so. (Its loop's `logits` variable also
@@ -39,12 +36,13 @@ mechanism with its source and what it applies to, and a table that states neithe
   micro-batch's, which lit-gpt fills with the longest sample, with no earlier graph alive, so that is not
   modelled.)
 """
-import collections
 import contextlib
 import re
 from typing import Any, Iterator, Optional
 
 import yaml
+
+import fsdp1
 
 # "torch 2.0.0", "torch 2.1.0.dev20230623+cu118", "PyTorch 2.1.0+cu121": the first version the table states
 TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", re.IGNORECASE)
@@ -57,11 +55,16 @@ FOREACH_ADAM = "foreach Adam's second intermediate (torch < 2.1, pytorch#97712)"
 LITGPT_LOSS = "lit-gpt's chunked cross-entropy on bf16 logits (lit_gpt/utils.py chunked_cross_entropy)"
 BNB_KEEPS_INPUT = "bitsandbytes < 0.43.2 kept each 4-bit linear's input for backward (bitsandbytes PR #1270)"
 FSDP1_FLAT = "FSDP1's flat parameters: a unit with a trainable parameter gets a gradient for all (litgpt#1417)"
+FSDP1_RATE_LIMITER = (2, 1, "20230711")  # limit_all_gathers=True by default from this nightly (PR #104900)
+FSDP1_UNLIMITED = ("FSDP1 without its rate limiter (torch < 2.1, pytorch#104900): unsharded parameters and "
+                   "gradients freed on other streams reused after the micro-batch")
+ZERO_GRAD_AFTER_FORWARD = "the script's zero_grad after the forward: the last step's gradients alive through it"
 
 
-def setup(table: dict[str, Any]) -> str:
-    """The table's set-up (its `common`) as one text, where versions and libraries are looked for."""
-    return yaml.safe_dump(table.get("common", {}), width=10_000)
+def setup(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> str:
+    """The table's set-up (its `common`, and the row's own fields) as one text, where versions and libraries
+    are looked for."""
+    return yaml.safe_dump({**table.get("common", {}), **(row or {})}, width=10_000)
 
 
 def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
@@ -73,25 +76,34 @@ def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
     return int(major), int(minor), nightly or ""
 
 
-def foreach_adam_holds_denom(version: Optional[tuple[int, int, str]]) -> bool:
-    """Whether that torch's foreach Adam / AdamW kept the second parameter-sized list (see the module)."""
+def before(version: Optional[tuple[int, int, str]], change: tuple[int, int, str]) -> bool:
+    """Whether a stated torch (major, minor, nightly date or "") predates a change first in `change`'s nightly
+    (whose release, made after it, has it)."""
     if version is None:
         return False
     major, minor, nightly = version
-    fixed_major, fixed_minor, fixed_nightly = FOREACH_ADAM_ONE_INTERMEDIATE
-    if (major, minor) != (fixed_major, fixed_minor):
-        return (major, minor) < (fixed_major, fixed_minor)
-    return bool(nightly) and nightly < fixed_nightly  # 2.1.0 itself was released after the change
+    if (major, minor) != change[:2]:
+        return (major, minor) < change[:2]
+    return bool(nightly) and nightly < change[2]
 
 
-def adjustments(table: dict[str, Any]) -> list[str]:
-    """The names of the adjustments a table's rows are estimated with (empty: the installed libraries).
-    Lightning's FSDPStrategy is FSDP1 in every Lightning release."""
-    stated = setup(table)
+def foreach_adam_holds_denom(version: Optional[tuple[int, int, str]]) -> bool:
+    """Whether that torch's foreach Adam / AdamW kept the second parameter-sized list (see the module)."""
+    return before(version, FOREACH_ADAM_ONE_INTERMEDIATE)
+
+
+def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> list[str]:
+    """The names of the adjustments a table's rows (or one row, whose own fields may say more) are estimated
+    with (empty: the installed libraries). Lightning's FSDPStrategy is FSDP1 in every Lightning release."""
+    stated, torch_version = setup(table, row), stated_torch(table)
     bnb = BITSANDBYTES.search(stated)
-    return ([FOREACH_ADAM] if foreach_adam_holds_denom(stated_torch(table)) else []) + (
+    fsdp1 = "FSDPStrategy" in stated
+    zero_grad = {**table.get("common", {}), **(row or {})}.get("zero_grad")
+    return ([FOREACH_ADAM] if foreach_adam_holds_denom(torch_version) else []) + (
         [BNB_KEEPS_INPUT] if bnb and tuple(map(int, bnb.groups())) < BNB_DROPS_INPUT else []) + (
-        [FSDP1_FLAT] if "FSDPStrategy" in stated else []) + (
+        [FSDP1_FLAT] if fsdp1 else []) + (
+        [FSDP1_UNLIMITED] if fsdp1 and before(torch_version, FSDP1_RATE_LIMITER) else []) + (
+        [ZERO_GRAD_AFTER_FORWARD] if zero_grad == "after the forward" else []) + (
         [LITGPT_LOSS] if "chunked_cross_entropy" in stated else [])
 
 
@@ -102,7 +114,11 @@ def stepping_as(names: list[str]) -> Iterator[None]:
         if FOREACH_ADAM in names:
             stack.enter_context(foreach_adam_with_denom())
         if FSDP1_FLAT in names:
-            stack.enter_context(flat_unit_gradients())
+            stack.enter_context(fsdp1.flat_unit_gradients())
+        if FSDP1_UNLIMITED in names:
+            stack.enter_context(fsdp1.host_ahead())
+        if ZERO_GRAD_AFTER_FORWARD in names:
+            stack.enter_context(zero_grad_before_backward())
         if LITGPT_LOSS in names:
             stack.enter_context(litgpt_loss())
         if BNB_KEEPS_INPUT in names:
@@ -160,55 +176,6 @@ def litgpt_loss(chunk: int = 128) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def flat_unit_gradients() -> Iterator[None]:
-    """FSDP1's FlatParameter, made by FSDP2's per-parameter gradients (see the module): the model's parameters
-    in one dtype when it is sharded (a FlatParameter holds one: peft's fp32 adapters in the frozen weights'
-    dtype, as lit-gpt's bf16-true kept them), and once the optimizer is built, every parameter of a unit
-    holding a trainable one requiring a gradient."""
-    import memsweep.estimate.sharded as sharded
-    import memsweep.estimate.trace as trace
-
-    shard, build = sharded.shard, trace.build_optimizer
-
-    def in_one_dtype(model, *args):
-        dtype = collections.Counter(dtypes(model)).most_common(1)[0][0]
-        for p in model.parameters():
-            if p.is_floating_point() and p.dtype != dtype:
-                p.data = p.data.to(dtype)
-        return shard(model, *args)
-
-    def then_flat(plan, model, profile, spec):
-        optimizer = build(plan, model, profile, spec)
-        for unit in units(model):
-            if any(p.requires_grad for p in unit):
-                for p in unit:
-                    p.requires_grad_(True)
-        return optimizer
-
-    sharded.shard, trace.build_optimizer = in_one_dtype, then_flat
-    try:
-        yield
-    finally:
-        sharded.shard, trace.build_optimizer = shard, build
-
-
-def dtypes(model) -> list[Any]:
-    """The floating-point dtype of each parameter."""
-    return [p.dtype for p in model.parameters() if p.is_floating_point()]
-
-
-def units(model) -> list[list[Any]]:
-    """Each FSDP unit's own parameters (those of no unit nested in it), as FSDP1 would flatten them."""
-    from torch.distributed.fsdp import FSDPModule
-
-    found = []
-    for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):
-        nested = {id(p) for m in unit.modules() if m is not unit and isinstance(m, FSDPModule) for p in m.parameters()}
-        found.append([p for p in unit.parameters() if id(p) not in nested])
-    return found
-
-
-@contextlib.contextmanager
 def foreach_adam_with_denom() -> Iterator[None]:
     """torch's foreach Adam / AdamW as it stepped before July 2023 (see the module)."""
     import torch
@@ -227,3 +194,39 @@ def foreach_adam_with_denom() -> Iterator[None]:
         yield
     finally:
         adam._multi_tensor_adam = installed
+
+
+@contextlib.contextmanager
+def zero_grad_before_backward() -> Iterator[None]:
+    """The trace's training step zeroing the gradients (set to None) as each backward begins instead of after
+    the optimizer step (see the module): the step before leaves its gradients for the next forward."""
+    import memsweep.estimate.trace as trace
+    from memsweep.estimate.step import NoMarks
+
+    installed = trace.training_step
+
+    class Marks:
+        def __init__(self, marks, model):
+            self.marks, self.model = marks, model
+
+        def mark(self, name: str) -> None:
+            if name == "backward":
+                type(self.model).zero_grad(self.model, set_to_none=True)
+            self.marks.mark(name)
+
+        def __getattr__(self, name):
+            return getattr(self.marks, name)
+
+    def stepping(model, optimizer, batches, plan, marks=None, **kwargs):
+        marks = Marks(marks or NoMarks(), model)
+        model.zero_grad = lambda *args, **kw: None  # the step's end keeps them
+        try:
+            installed(model, optimizer, batches, plan, marks=marks, **kwargs)
+        finally:
+            del model.zero_grad
+
+    trace.training_step = stepping
+    try:
+        yield
+    finally:
+        trace.training_step = installed

@@ -138,8 +138,9 @@ def check(files: list[Path]) -> pd.DataFrame:
     rows, cache = [], {}
     for path in files:
         table = yaml.safe_load(path.read_text())
-        counter, older = table["counter"], tuple(adjustments(table))
+        counter = table["counter"]
         for row in table["rows"]:
+            older = tuple(adjustments(table, row))
             out = {"table": path.stem, "row": row["label"], "counter": counter,
                    "published GiB": None, "predicted GiB": None, "error %": None,
                    "published s/step": None, "predicted s/step": None, "time error %": None, "note": ""}

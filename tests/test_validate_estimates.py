@@ -245,3 +245,81 @@ def test_lit_gpts_tables_are_estimated_with_its_loss_and_its_bitsandbytes_4_bit_
     now, loss = (ve.estimate(long, cache, names) for names in ((), (older.LITGPT_LOSS,)))
     logits = 2 * 128 * 30522
     assert now["peak_allocated_bytes"] - loss["peak_allocated_bytes"] >= 4 * logits
+
+
+def table_and_rows(stem):
+    table = yaml.safe_load((PUBLISHED / f"{stem}.yaml").read_text())
+    return table, {row["label"]: row for row in table["rows"]}
+
+
+def test_a_script_zeroing_gradients_after_the_forward_holds_the_last_steps_through_it():
+    import older_libraries as older
+
+    distilbert, rows = table_and_rows("rasbt_distilbert_imdb_precision")
+    assert all(older.ZERO_GRAD_AFTER_FORWARD in older.adjustments(distilbert, row) for row in rows.values())
+    vit, rows = table_and_rows("rasbt_vit_l16_cifar10_memory_ladder")
+    named = {label: older.ZERO_GRAD_AFTER_FORWARD in older.adjustments(vit, row) for label, row in rows.items()}
+    # 05 and 06 accumulate: their scripts zero after the optimizer step, as Trainer does
+    assert [label[:2] for label, on in named.items() if not on] == ["05", "06"]
+    job = ["model=tiny", "hardware=a100_40gb", "batch_size=8", "max_seq_len=128", "precision=fp32", "optim=adamw_torch"]
+    cache = {}
+    now, then = (ve.estimate(job, cache, names) for names in ((), (older.ZERO_GRAD_AFTER_FORWARD,)))
+    # Trainer's order: no gradient during the forward. The script's: every gradient of the step before, beside
+    # all the forward holds for backward, until backward begins
+    assert then["breakdown"]["grads"] == now["breakdown"]["params"]
+    assert then["breakdown"]["activations"] >= now["activations_bytes"] > 0
+    assert then["peak_bytes"] > now["breakdown"]["params"] * 2 + now["optimizer_bytes"] + now["activations_bytes"]
+
+
+def test_fsdp1_before_its_rate_limiter_gives_back_unsharded_buffers_only_after_the_micro_batch():
+    import older_libraries as older
+    from memsweep.config import hardware
+    from memsweep.estimate.__main__ import compose
+    from memsweep.estimate.core import build_plan, traced_step
+
+    vit, rows = table_and_rows("rasbt_vit_l16_cifar10_memory_ladder")
+    assert [label[:2] for label, row in rows.items() if older.FSDP1_UNLIMITED in older.adjustments(vit, row)] == [
+        "08", "09", "10"]  # torch 2.1.0.dev20230623, Lightning's FSDPStrategy
+    lit, rows = table_and_rows("litgpt_lora_alpaca_multi_a100_fsdp")  # torch 2.1.0: the limiter on by default
+    assert not any(older.FSDP1_UNLIMITED in older.adjustments(lit, row) for row in rows.values())
+    job = compose(["model=tiny", "hardware=a100_40gb", "batch_size=8", "max_seq_len=128", "precision=fp32",
+                   "optim=adamw_torch", "distributed.nproc=2", "fsdp=full_shard", "checkpointing=full"])
+    profile = hardware.detect(job.hardware)
+    now = traced_step(job, profile, build_plan(job, profile))
+    with older.stepping_as([older.FSDP1_UNLIMITED]):
+        then = traced_step(job, profile, build_plan(job, profile))
+    requested = [e[1] for e in then["events"] if e[0] == "free_requested"]
+    end, step = then["events"].index(("mark", "end")), then["events"].index(("mark", "step"))
+    completed = [e[1] for e in then["events"][step:end] if e[0] == "free_completed"]
+    assert requested and sorted(requested) == sorted(completed)  # each given back once, after the optimizer step
+    assert not any(e[0] == "free_requested" for e in now["events"])
+    # what the tensors hold is the same; what the allocator keeps grows by at least the backward's unsharded
+    # parameters and gradients (the model's two fp32 copies), which no later request may reuse within the step
+    assert then["peak_bytes"] == now["peak_bytes"]
+    assert then["allocator"]["peak_allocated_bytes"] == now["allocator"]["peak_allocated_bytes"]
+    grown = then["allocator"]["peak_reserved_bytes"] - now["allocator"]["peak_reserved_bytes"]
+    assert grown >= 2 * 4 * then["total_params"]
+
+
+def test_fsdp1s_cpu_offload_copies_each_shard_to_the_device_and_keeps_backwards_gradients_there():
+    import fsdp1
+    import older_libraries as older
+
+    micro_batch = [("mark", "forward"), ("gather", 4), ("alloc", "act", 16), ("mark", "backward"), ("gather", 4),
+                   ("alloc", "grad", 8), ("free", "act")]
+    events = [("alloc", "old grad", 8)] + micro_batch + micro_batch[:-2] + [("mark", "step"), ("mark", "end")]
+    categories = {"old grad": "grads", "act": "activations", "grad": "grads"}
+    out, cats = fsdp1.offloaded(events, categories)
+    copies = [e[1] for e in out if e[0] == "alloc" and e[1] not in categories]
+    assert [e for e in out if e[0] == "alloc" and e[1] in copies] == [("alloc", c, 4) for c in copies] and len(copies) == 4
+    # each copy is requested free at once (NCCL's stream still reads it) and given back at its micro-batch's end
+    second, end = [i for i, e in enumerate(out) if e == ("mark", "forward")][1], out.index(("mark", "end"))
+    assert out[second - 2:second] == [("free_completed", c) for c in copies[:2]]
+    assert out[end - 2:end] == [("free_completed", c) for c in copies[2:]]
+    assert cats["old grad"] == "host" and cats["grad"] == "grads"  # the step before's on the host, backward's not
+    job = ["model=tiny", "hardware=a100_40gb", "batch_size=8", "max_seq_len=128", "precision=fp32", "optim=adamw_torch",
+           "distributed.nproc=2", "fsdp=full_shard_offload", "checkpointing=full"]
+    cache = {}
+    now, then = (ve.estimate(job, cache, names) for names in ((), (older.FSDP1_UNLIMITED,)))
+    assert now["grads_bytes"] == 0 < then["grads_bytes"]
+    assert then["peak_reserved_bytes"] > now["peak_reserved_bytes"]

@@ -1,0 +1,203 @@
+"""What Lightning's `FSDPStrategy` (FSDP1, `FullyShardedDataParallel`, with `use_orig_params=True` on torch
+>= 2.0) holds on a GPU that memsweep's FSDP2 trace does not, for published tables measured with it
+(older_libraries.py names when each applies). Each is a documented behaviour of FSDP1's code, modelled on
+the FSDP2 trace of the same units; nothing is fitted to a table.
+
+- Flat parameters. FSDP1 flattens each unit's parameters into one FlatParameter, which requires a gradient
+  when any of them does: a unit mixing frozen and trainable parameters (a transformer block with LoRA
+  weights) gets a gradient for all of them. torch's FSDP docs ("FSDP has some constraints on freezing
+  parameters ... the gradient memory usage will be higher than expected (namely, equivalent to not freezing
+  those parameters)"), FSDP1's wrap-time warning naming the numels, Lightning-AI/litgpt issue #1417 and PR
+  #1538 (the same block wrapping). Under `no_sync` (every micro-batch but an accumulated step's last) FSDP1
+  keeps those gradients unsharded until the last micro-batch reduces them. Modelled: every parameter of an
+  FSDP unit holding a trainable one requires a gradient once the optimizer is built (the optimizer still
+  steps the trainable ones only, as the source's did): FSDP2 then computes, accumulates unsharded and
+  reduce-scatters the same gradient bytes. A unit of only frozen or only trainable parameters is unchanged.
+- No rate limiter before torch's nightly of 2023-07-11 (`limit_all_gathers` defaulted to False until
+  pytorch/pytorch PR #104900, "[FSDP] Default `limit_all_gathers=True`": torch 2.0.x and the 2.1 nightlies
+  before it; Lightning's FSDPStrategy passes none of its own). FSDP1 frees a unit's unsharded flat
+  parameter after its forward and backward with `record_stream` on the computation stream (flat_param.py,
+  `_free_unsharded_flat_param`: it was gathered on the all-gather stream), and the unsharded gradient after
+  its reduce-scatter with `record_stream` on the post-backward stream (`_post_backward_hook`: "the unsharded
+  gradient is produced in the computation stream and consumed in the post-backward stream"). The caching
+  allocator reuses such a block only once the other stream has passed the free (allocator.py:
+  free_requested ... free_completed). The rate limiter made the host wait for the GPU after two
+  all-gathers; without it the host runs ahead of the GPU (the cudaMalloc retries and "issue all-gathers way
+  in advance" of pytorch/pytorch issue #104509), so every unit's buffers freed meanwhile wait. Modelled at
+  the bound: FSDP's unsharded parameters and gradients freed in a micro-batch are reused only after it,
+  where the tables' scripts next read a result on the host (torchmetrics' update of the train accuracy at
+  the end of each pass of their loop, after optimizer.step() where it steps). FSDP2's own all-gather and reduce-scatter buffers, which FSDP1 does not make, are
+  traced as FSDP2 makes them.
+- CPU offload (`cpu_offload=True`), in that same run-ahead. Each unit's shard is copied to the device for
+  its all-gather (FlatParamHandle.pre_unshard, `flat_param_to(self.device)`), the all-gather's input, which
+  ProcessGroupNCCL records on its own stream ("both must record the ncclStream to prevent being freed before
+  the collective finishes", ProcessGroupNCCL::collective; TORCH_NCCL_AVOID_RECORD_STREAMS off): it waits
+  as the unsharded buffers do. Each sharded gradient stays on the device as `_saved_grad_shard` until
+  backward ends (`prepare_gradient_for_optim` deletes it once the host copy `_cpu_grad` is the gradient);
+  the step before's gradients are on the host.
+"""
+import collections
+import contextlib
+import dataclasses
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def patched(replacements: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Each (owner, attribute, value) set for the block and restored after it."""
+    installed = [(owner, name, getattr(owner, name)) for owner, name, _ in replacements]
+    for owner, name, value in replacements:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in installed:
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def flat_unit_gradients() -> Iterator[None]:
+    """FSDP1's FlatParameter, made by FSDP2's per-parameter gradients (see the module): the model's parameters
+    in one dtype when it is sharded (a FlatParameter holds one: peft's fp32 adapters in the frozen weights'
+    dtype, as lit-gpt's bf16-true kept them), and once the optimizer is built, every parameter of a unit
+    holding a trainable one requiring a gradient."""
+    import memsweep.estimate.sharded as sharded
+    import memsweep.estimate.trace as trace
+
+    shard, build = sharded.shard, trace.build_optimizer
+
+    def in_one_dtype(model, *args):
+        dtype = collections.Counter(dtypes(model)).most_common(1)[0][0]
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+        return shard(model, *args)
+
+    def then_flat(plan, model, profile, spec):
+        optimizer = build(plan, model, profile, spec)
+        for unit in units(model):
+            if any(p.requires_grad for p in unit):
+                for p in unit:
+                    p.requires_grad_(True)
+        return optimizer
+
+    with patched([(sharded, "shard", in_one_dtype), (trace, "build_optimizer", then_flat)]):
+        yield
+
+
+def dtypes(model) -> list[Any]:
+    """The floating-point dtype of each parameter."""
+    return [p.dtype for p in model.parameters() if p.is_floating_point()]
+
+
+def units(model) -> list[list[Any]]:
+    """Each FSDP unit's own parameters (those of no unit nested in it), as FSDP1 would flatten them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    found = []
+    for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):
+        nested = {id(p) for m in unit.modules() if m is not unit and isinstance(m, FSDPModule) for p in m.parameters()}
+        found.append([p for p in unit.parameters() if id(p) not in nested])
+    return found
+
+
+class HostAhead:
+    """The recorder's hooks for FSDP1 without its rate limiter (see the module): the blocks FSDP frees on
+    another stream (`other_stream`: the storages it resizes, the reduce-scatter's inputs) are requested free
+    when the step drops them and completed as the next micro-batch begins or the step ends; each all-gather's shard bytes are noted as a
+    ("gather", nbytes) event, the device copy CPU offload makes (offloaded)."""
+
+    def __init__(self, recorder_class):
+        self.recorder_class, self.recorder = recorder_class, None
+        self.resized, self.release = recorder_class.resized, recorder_class.release
+        self.mark, self.enter, self.exit = recorder_class.mark, recorder_class.__enter__, recorder_class.__exit__
+
+    def patches(self) -> list[tuple[Any, str, Any]]:
+        hooks = self
+
+        def entering(recorder):
+            hooks.recorder, recorder.other_stream, recorder.awaiting = recorder, set(), []
+            return hooks.enter(recorder)
+
+        def exiting(recorder, *exc):
+            hooks.recorder = None  # a later trace's warm-up is not recorded
+            return hooks.exit(recorder, *exc)
+
+        def resizing(recorder, storage):
+            hooks.resized(recorder, storage)
+            recorder.other_stream.add(recorder.seen[storage][0])
+
+        def releasing(recorder, block):
+            if block[0] is not None and block[0] in recorder.other_stream:
+                recorder.events.append(("free_requested", block[0]))
+                recorder.awaiting.append(block[0])
+                block[0] = None
+            hooks.release(recorder, block)
+
+        def marking(recorder, name):
+            if name in ("forward", "end"):  # the scripts' loop reads a result on the host once per micro-batch
+                recorder.events += [("free_completed", key) for key in recorder.awaiting]
+                recorder.awaiting = []
+            hooks.mark(recorder, name)
+
+        return [(self.recorder_class, name, hook) for name, hook in (
+            ("__enter__", entering), ("__exit__", exiting), ("resized", resizing), ("release", releasing), ("mark", marking))]
+
+    def reducing(self, copy_in):
+        def copying_in(unsharded_grads, *args, **kwargs):
+            for grad in unsharded_grads if self.recorder else ():
+                self.recorder.other_stream.add(self.recorder.seen.get(grad.untyped_storage(), [None])[0])
+            return copy_in(unsharded_grads, *args, **kwargs)
+        return copying_in
+
+    def gathering(self, gather):
+        def noting(fsdp_params, *args, **kwargs):
+            if self.recorder:
+                nbytes = sum(p._sharded_param_data.untyped_storage().nbytes() for p in fsdp_params)
+                self.recorder.events.append(("gather", nbytes))
+            return gather(fsdp_params, *args, **kwargs)
+        return noting
+
+
+@contextlib.contextmanager
+def host_ahead() -> Iterator[None]:
+    """While a row is estimated: FSDP1 without its rate limiter, and its CPU offload (see the module)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives as collectives
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as group
+
+    import memsweep.estimate.capture as capture
+    import memsweep.estimate.trace as trace
+
+    hooks, apply = HostAhead(capture.Recorder), trace.adjust.apply
+
+    def applying(events, categories, adjustment, *args, **kwargs):
+        if {"params", "grads"} <= adjustment.host and adjustment.zero is None:  # FSDP's CPU offload
+            events, categories = offloaded(events, categories)
+            adjustment = dataclasses.replace(adjustment, host=adjustment.host - {"grads"} | {"host"})
+        return apply(events, categories, adjustment, *args, **kwargs)
+
+    with patched(hooks.patches() + [
+            (collectives, "foreach_reduce_scatter_copy_in", hooks.reducing(collectives.foreach_reduce_scatter_copy_in)),
+            (group, "foreach_all_gather", hooks.gathering(group.foreach_all_gather)),
+            (trace.adjust, "apply", applying)]):
+        yield
+
+
+def offloaded(events: list, categories: dict) -> tuple[list, dict]:
+    """A step traced without offload, as FSDP1's CPU offload runs it (see the module): the gradients alive as it
+    starts are on the host; each all-gather's input is the unit's shard copied to the device, which NCCL's
+    stream holds until the micro-batch's end; the sharded gradients backward makes stay on the device."""
+    first = events.index(("mark", "forward"))
+    host = {e[1]: "host" for e in events[:first] if e[0] == "alloc" and categories.get(e[1]) == "grads"}
+    out, copies, made = [], [], []
+    for event in events:
+        if event[0] == "gather":
+            copies.append(("shard copy", len(made)))
+            made.append(copies[-1])
+            out += [("alloc", copies[-1], event[1]), ("free_requested", copies[-1])]
+            continue
+        if event in (("mark", "forward"), ("mark", "end")):
+            out += [("free_completed", key) for key in copies]
+            copies = []
+        out.append(event)
+    return out, {**categories, **host, **{key: "activations" for key in made}}
