@@ -26,8 +26,8 @@ the FSDP2 trace of the same units; nothing is fitted to a table.
   in advance" of pytorch/pytorch issue #104509), so every unit's buffers freed meanwhile wait. Modelled at
   the bound: FSDP's unsharded parameters and gradients freed in a micro-batch are reused only after it,
   where the tables' scripts next read a result on the host (torchmetrics' update of the train accuracy at
-  the end of each pass of their loop, after optimizer.step() where it steps). FSDP2's own all-gather and reduce-scatter buffers, which FSDP1 does not make, are
-  traced as FSDP2 makes them.
+  the end of each pass of their loop, after optimizer.step() where it steps). FSDP2's own all-gather and
+  reduce-scatter buffers, which FSDP1 does not make, are traced as FSDP2 makes them.
 - CPU offload (`cpu_offload=True`), in that same run-ahead. Each unit's shard is copied to the device for
   its all-gather (FlatParamHandle.pre_unshard, `flat_param_to(self.device)`), the all-gather's input, which
   ProcessGroupNCCL records on its own stream ("both must record the ncclStream to prevent being freed before
@@ -104,8 +104,8 @@ def units(model) -> list[list[Any]]:
 class HostAhead:
     """The recorder's hooks for FSDP1 without its rate limiter (see the module): the blocks FSDP frees on
     another stream (`other_stream`: the storages it resizes, the reduce-scatter's inputs) are requested free
-    when the step drops them and completed as the next micro-batch begins or the step ends; each all-gather's shard bytes are noted as a
-    ("gather", nbytes) event, the device copy CPU offload makes (offloaded)."""
+    when the step drops them and completed as the next micro-batch begins or the step ends; each all-gather's
+    shard bytes are noted as a ("gather", nbytes) event, the device copy CPU offload makes (offloaded)."""
 
     def __init__(self, recorder_class):
         self.recorder_class, self.recorder = recorder_class, None
@@ -125,7 +125,7 @@ class HostAhead:
 
         def resizing(recorder, storage):
             hooks.resized(recorder, storage)
-            recorder.other_stream.add(recorder.seen[storage][0])
+            recorder.other_stream.add(recorder.seen[storage][0])  # None where resized to nothing
 
         def releasing(recorder, block):
             if block[0] is not None and block[0] in recorder.other_stream:
@@ -140,8 +140,9 @@ class HostAhead:
                 recorder.awaiting = []
             hooks.mark(recorder, name)
 
-        return [(self.recorder_class, name, hook) for name, hook in (
-            ("__enter__", entering), ("__exit__", exiting), ("resized", resizing), ("release", releasing), ("mark", marking))]
+        hooked = (("__enter__", entering), ("__exit__", exiting), ("resized", resizing), ("release", releasing),
+                  ("mark", marking))
+        return [(self.recorder_class, name, hook) for name, hook in hooked]
 
     def reducing(self, copy_in):
         def copying_in(unsharded_grads, *args, **kwargs):
