@@ -167,9 +167,7 @@ def torchtitan(row: dict[str, Any], common: dict[str, Any]) -> Job:
              "precision=bf16", "optim=adamw_torch", "checkpointing=selective", "attention=sdpa", "fsdp=full_shard",
              f"distributed.nodes={nodes}", f"distributed.nproc={per_node}"],
             "rank 0 of the job's ranks; an H100 with 96 GB where memsweep's h100 is the 80 GB card (reserved is the "
-            "same); memsweep wraps FSDP as Accelerate does: each decoder layer and the root, as torchtitan does; "
-            "Accelerate reduces gradients in bf16 where torchtitan's MixedPrecisionPolicy reduces in fp32 (each "
-            "unit's reduce-scatter input twice the bytes there: not modelled)")
+            "same); memsweep wraps FSDP as Accelerate does: each decoder layer and the root, as torchtitan does")
 
 
 def litgpt_fsdp(row: dict[str, Any], common: dict[str, Any]) -> Job:

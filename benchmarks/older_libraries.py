@@ -29,6 +29,10 @@ mechanism with its source and what it applies to, and a table that states neithe
   step's gradients through the forward; Trainer, which memsweep runs, zeroes them after the step. A table
   or row states `zero_grad: after the forward` where its code does; it is estimated with the gradients
   freed (set to None, torch >= 2.0's default) as backward begins.
+- torchtitan's FSDP2 mixed precision reduces gradients in fp32 (`MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)`, its `mixed_precision_reduce` default), where Accelerate's bf16 policy reduces in bf16:
+  each unit's reduce-scatter input is the unit's gradients cast to fp32 (FSDP2's foreach_reduce). A table
+  whose precision states `reduce_dtype fp32` is estimated with that policy.
 - lit-gpt's loss (`chunked_cross_entropy`, lit_gpt/utils.py, with `lm_head_chunk_size=128` in its fine-tuning
   scripts) takes cross-entropy of the bf16 logits in 128-token chunks, without transformers' upcast to fp32.
   While a table naming it is estimated, the causal-LM loss is computed so. (Its loop's `logits` variable also
@@ -59,6 +63,7 @@ FSDP1_RATE_LIMITER = (2, 1, "20230711")  # limit_all_gathers=True by default fro
 FSDP1_UNLIMITED = ("FSDP1 without its rate limiter (torch < 2.1, pytorch#104900): unsharded parameters and "
                    "gradients freed on other streams reused after the micro-batch")
 ZERO_GRAD_AFTER_FORWARD = "the script's zero_grad after the forward: the last step's gradients alive through it"
+FP32_REDUCE = "FSDP2 reducing gradients in fp32 (torchtitan's MixedPrecisionPolicy)"
 
 
 def setup(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> str:
@@ -104,6 +109,7 @@ def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> 
         [FSDP1_FLAT] if fsdp1 else []) + (
         [FSDP1_UNLIMITED] if fsdp1 and before(torch_version, FSDP1_RATE_LIMITER) else []) + (
         [ZERO_GRAD_AFTER_FORWARD] if zero_grad == "after the forward" else []) + (
+        [FP32_REDUCE] if "reduce_dtype fp32" in stated else []) + (
         [LITGPT_LOSS] if "chunked_cross_entropy" in stated else [])
 
 
@@ -121,6 +127,8 @@ def stepping_as(names: list[str]) -> Iterator[None]:
             stack.enter_context(zero_grad_before_backward())
         if LITGPT_LOSS in names:
             stack.enter_context(litgpt_loss())
+        if FP32_REDUCE in names:
+            stack.enter_context(fp32_reduce())
         if BNB_KEEPS_INPUT in names:
             stack.enter_context(matmul_4bit_keeps_input())
         yield
@@ -230,3 +238,25 @@ def zero_grad_before_backward() -> Iterator[None]:
         yield
     finally:
         trace.training_step = installed
+
+
+@contextlib.contextmanager
+def fp32_reduce() -> Iterator[None]:
+    """Accelerate's FSDP2 mixed-precision policy with its gradients reduced in fp32, as torchtitan's (see the
+    module)."""
+    import dataclasses
+
+    import torch
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    installed = FullyShardedDataParallelPlugin.set_mixed_precision
+
+    def reducing_in_fp32(self, *args, **kwargs):
+        installed(self, *args, **kwargs)
+        self.mixed_precision_policy = dataclasses.replace(self.mixed_precision_policy, reduce_dtype=torch.float32)
+
+    FullyShardedDataParallelPlugin.set_mixed_precision = reducing_in_fp32
+    try:
+        yield
+    finally:
+        FullyShardedDataParallelPlugin.set_mixed_precision = installed

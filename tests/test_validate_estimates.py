@@ -323,3 +323,25 @@ def test_fsdp1s_cpu_offload_copies_each_shard_to_the_device_and_keeps_backwards_
     now, then = (ve.estimate(job, cache, names) for names in ((), (older.FSDP1_UNLIMITED,)))
     assert now["grads_bytes"] == 0 < then["grads_bytes"]
     assert then["peak_reserved_bytes"] > now["peak_reserved_bytes"]
+
+
+def test_torchtitans_tables_reduce_gradients_in_fp32_as_its_mixed_precision_policy_does():
+    import torch
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    import older_libraries as older
+
+    titan, rows = table_and_rows("torchtitan_llama31_8b_fsdp_8xh100")
+    assert all(older.FP32_REDUCE in older.adjustments(titan, row) for row in rows.values())
+    with older.fp32_reduce():
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+        plugin.set_mixed_precision("bf16")
+    policy = plugin.mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    job = ["task=causal_lm", "model=tiny-llama", "hardware=a100_40gb", "batch_size=2", "max_seq_len=16",
+           "precision=bf16", "optim=adamw_torch", "distributed.nproc=2", "fsdp=full_shard"]
+    cache = {}
+    now, then = (ve.estimate(job, cache, names) for names in ((), (older.FP32_REDUCE,)))
+    # the weights, gradients and state are the same; what the reduction holds is in fp32, twice bf16's bytes
+    assert {k: then["breakdown"][k] for k in ("params", "grads")} == {k: now["breakdown"][k] for k in ("params", "grads")}
+    assert then["peak_bytes"] > now["peak_bytes"]
