@@ -206,7 +206,7 @@ def foreach_adam_with_denom() -> Iterator[None]:
 
 @contextlib.contextmanager
 def zero_grad_before_backward() -> Iterator[None]:
-    """The trace's training step zeroing the gradients (set to None) as each backward begins instead of after
+    """The trace's training step zeroing the gradients (set to None) as its first backward begins instead of after
     the optimizer step (see the module): the step before leaves its gradients for the next forward."""
     import memsweep.estimate.trace as trace
     from memsweep.estimate.step import NoMarks
@@ -215,11 +215,12 @@ def zero_grad_before_backward() -> Iterator[None]:
 
     class Marks:
         def __init__(self, marks, model):
-            self.marks, self.model = marks, model
+            self.marks, self.model, self.zeroed = marks, model, False
 
         def mark(self, name: str) -> None:
-            if name == "backward":
+            if name == "backward" and not self.zeroed:  # the step's first backward: later ones accumulate
                 type(self.model).zero_grad(self.model, set_to_none=True)
+                self.zeroed = True
             self.marks.mark(name)
 
         def __getattr__(self, name):
