@@ -10,8 +10,8 @@ function named with each rule below is where it lives) and returns both peaks.
 Sources: CUDACachingAllocator.cpp (its header comment, the constants of namespace Native, malloc,
 round_size, get_pool, get_allocation_size, get_free_block, should_split, alloc_found_block, free,
 insert_events, process_events, free_block, try_merge_blocks, alloc_block, find_expandable_block,
-try_allocate_expandable_block, Note [Expandable Segments]); c10 AllocatorConfig (parseMaxSplitSize); the torch docs page "CUDA
-semantics -> Memory management -> Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF".
+try_allocate_expandable_block, Note [Expandable Segments]); c10 AllocatorConfig (parseMaxSplitSize); the
+torch docs page "CUDA semantics -> Memory management -> Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF".
 
 Modelled for one device and the training step's stream; a block another stream still uses when it is
 freed (record_stream) is given back to its pool when those uses are done ("free_requested" ...
