@@ -89,7 +89,7 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
     rows, common = published_rows("torchtitan_llama31_8b_fsdp_128xh100")
     overrides, caveat = ve.job_for("torchtitan_llama31_8b_fsdp_128xh100", rows["FSDP"], common)
     assert {"checkpointing=selective", "fsdp=full_shard", "distributed.nodes=16", "distributed.nproc=8",
-            "batch_size=256", "max_seq_len=8192"} <= set(overrides) and "fp32" in caveat
+            "batch_size=256", "max_seq_len=8192"} <= set(overrides) and "Accelerate" in caveat
     with pytest.raises(ve.NotModelled, match="torch.compile"):
         ve.job_for("torchtitan_llama31_8b_fsdp_128xh100", rows["FSDP + torch.compile"], common)
 
