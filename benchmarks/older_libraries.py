@@ -28,7 +28,7 @@ mechanism with its source and what it applies to, and a table that states neithe
   `logits = model(features)`, `optimizer.zero_grad()`, `backward`, `optimizer.step()`) keeps the previous
   step's gradients through the forward; Trainer, which memsweep runs, zeroes them after the step. A table
   or row states `zero_grad: after the forward` where its code does; it is estimated with the gradients
-  freed (set to None, torch >= 2.0's default) as backward begins.
+  freed (set to None, torch >= 2.0's default) as the step's first backward begins.
 - torchtitan's FSDP2 mixed precision reduces gradients in fp32 (`MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32)`, its `mixed_precision_reduce` default), where Accelerate's bf16 policy reduces in bf16:
   each unit's reduce-scatter input is the unit's gradients cast to fp32 (FSDP2's foreach_reduce). A table
