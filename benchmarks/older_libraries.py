@@ -47,6 +47,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 import fsdp1
+from patching import patched
 
 # "torch 2.0.0", "torch 2.1.0.dev20230623+cu118", "PyTorch 2.1.0+cu121": the first version the table states
 TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", re.IGNORECASE)
@@ -66,10 +67,14 @@ ZERO_GRAD_AFTER_FORWARD = "the script's zero_grad after the forward: the last st
 FP32_REDUCE = "FSDP2 reducing gradients in fp32 (torchtitan's MixedPrecisionPolicy)"
 
 
+def fields(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The table's set-up (its `common`) with the row's own fields over it."""
+    return {**table.get("common", {}), **(row or {})}
+
+
 def setup(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> str:
-    """The table's set-up (its `common`, and the row's own fields) as one text, where versions and libraries
-    are looked for."""
-    return yaml.safe_dump({**table.get("common", {}), **(row or {})}, width=10_000)
+    """The table's set-up and the row's fields as one text, where versions and libraries are looked for."""
+    return yaml.safe_dump(fields(table, row), width=10_000)
 
 
 def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
@@ -103,7 +108,7 @@ def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> 
     stated, torch_version = setup(table, row), stated_torch(table)
     bnb = BITSANDBYTES.search(stated)
     fsdp1 = "FSDPStrategy" in stated
-    zero_grad = {**table.get("common", {}), **(row or {})}.get("zero_grad")
+    zero_grad = fields(table, row).get("zero_grad")
     return ([FOREACH_ADAM] if foreach_adam_holds_denom(torch_version) else []) + (
         [BNB_KEEPS_INPUT] if bnb and tuple(map(int, bnb.groups())) < BNB_DROPS_INPUT else []) + (
         [FSDP1_FLAT] if fsdp1 else []) + (
@@ -197,11 +202,8 @@ def foreach_adam_with_denom() -> Iterator[None]:
         installed(params, grads, exp_avgs, exp_avg_sqs, *args, **kwargs)
         del older
 
-    adam._multi_tensor_adam = with_denom  # AdamW steps through torch.optim.adam as well
-    try:
+    with patched([(adam, "_multi_tensor_adam", with_denom)]):  # AdamW steps through torch.optim.adam as well
         yield
-    finally:
-        adam._multi_tensor_adam = installed
 
 
 @contextlib.contextmanager
@@ -234,11 +236,8 @@ def zero_grad_before_backward() -> Iterator[None]:
         finally:
             del model.zero_grad
 
-    trace.training_step = stepping
-    try:
+    with patched([(trace, "training_step", stepping)]):
         yield
-    finally:
-        trace.training_step = installed
 
 
 @contextlib.contextmanager
@@ -256,8 +255,5 @@ def fp32_reduce() -> Iterator[None]:
         installed(self, *args, **kwargs)
         self.mixed_precision_policy = dataclasses.replace(self.mixed_precision_policy, reduce_dtype=torch.float32)
 
-    FullyShardedDataParallelPlugin.set_mixed_precision = reducing_in_fp32
-    try:
+    with patched([(FullyShardedDataParallelPlugin, "set_mixed_precision", reducing_in_fp32)]):
         yield
-    finally:
-        FullyShardedDataParallelPlugin.set_mixed_precision = installed
