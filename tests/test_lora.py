@@ -79,3 +79,20 @@ def test_double_quantization_trains_and_applies_to_4_bit_weights_only(tiny_job):
     job, _ = job_of(TINY + ["lora=int8", "lora.double_quant=true"])
     with pytest.raises(ConfigError, match=r"lora.double_quant.*NF4 weights only.*lora.quantize=int8"):
         validate.ranges(job)
+
+
+def test_adapters_of_a_bf16_model_stay_fp32_unless_autocast_adapter_dtype_is_off(tmp_path):
+    from conftest import run_job
+
+    def job(*options):
+        res = run_job(TINY + ["lora=r8", "precision=bf16_true", "max_steps=2", *options], tmp_path.joinpath(*options))
+        assert res["status"] == "ok", res["reason"]
+        return res
+
+    cast, kept = job(), job("lora.autocast_adapter_dtype=false")
+    adapters = cast["effective"]["param_dtypes"]["float32"]  # q, k, v of 2 layers (64 wide), in fp32
+    assert adapters == 2 * 3 * 8 * (64 + 64) and "float32" not in kept["effective"]["param_dtypes"]
+    assert kept["effective"]["trainable_params"] == cast["effective"]["trainable_params"]
+    # each adapter weight in 2 bytes instead of 4, and AdamW's two states with it
+    assert cast["memory"]["params_bytes"] - kept["memory"]["params_bytes"] == 2 * adapters
+    assert cast["memory"]["optimizer_bytes"] - kept["memory"]["optimizer_bytes"] == 2 * 2 * adapters

@@ -133,6 +133,8 @@ class LoraConf(Switch):
     target_modules: Any = None
     quantize: Quantize = Quantize.none
     double_quant: bool = False  # nf4 only: its block scales quantized again (bnb_4bit_use_double_quant)
+    # peft's: the adapters of a 16-bit model kept in fp32; false keeps them in the model's dtype
+    autocast_adapter_dtype: bool = True
 
 
 @dataclass

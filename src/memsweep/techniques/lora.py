@@ -7,6 +7,11 @@ A 4-bit base computes in the precision's compute dtype (bitsandbytes' `bnb_4bit_
 bf16 and bf16_true, fp16 for fp16, else fp32), as the QLoRA recipe pairs them; `double_quant` quantizes
 its block scales again (`bnb_4bit_use_double_quant`: 8-bit scales per 64 weights, an fp32 scale per 256 of
 those), about 0.37 bits a weight less.
+
+Over a 16-bit model (`bf16_true`, `fp16_true`, a quantized base) peft keeps the adapters in fp32 and computes
+their branch in fp32 (`autocast_adapter_dtype`, on by default, for stable training);
+`lora.autocast_adapter_dtype=false` keeps them in the model's dtype, as recipes that build the whole model in
+bf16 do (Lightning's bf16-true, torchtune's `dtype: bf16`).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -56,7 +61,7 @@ def wrap(model, cfg, structure, task: str):
     task_type = peft_task_type(task)
     config = LoraConfig(task_type=task_type, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                         target_modules=targets if targets == "all-linear" else list(targets), modules_to_save=head)
-    return get_peft_model(model, config)
+    return get_peft_model(model, config, autocast_adapter_dtype=cfg.autocast_adapter_dtype)
 
 
 def apply(cfg, plan) -> None:
