@@ -110,9 +110,11 @@ def litgpt_job(row: dict[str, Any], gpus: int) -> Job:
         caveat += "; " + FUSED_QKV_CAVEAT
     if kernels:
         caveat += "; GELU as lit-gpt runs it, F.gelu(approximate='tanh') (hidden_act gelu_pytorch_tanh for gelu_new)"
+    # bf16-true: Fabric creates every parameter, LoRA's too, in bf16 (peft would keep the adapters in fp32)
     return (["task=causal_lm", f"model={name}", "hardware=a100_40gb", f"batch_size={128 * gpus}",
              f"accumulation.steps={128 // int(row['micro_batch'])}", f"max_seq_len={row['seq_len']}",
-             "precision=bf16_true", *adapters, "lora.dropout=0.05", f"lora.target_modules={targets}", *kernels], caveat)
+             "precision=bf16_true", *adapters, "lora.autocast_adapter_dtype=false", "lora.dropout=0.05",
+             f"lora.target_modules={targets}", *kernels], caveat)
 
 
 # --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------
@@ -122,10 +124,11 @@ TORCHTUNE_TARGETS = {"q_proj, v_proj": ATTENTION, "q_proj, k_proj, v_proj, outpu
 
 
 def _torchtune_llama2(rank: int, alpha: int, targets: str) -> Job:
+    # dtype bf16: torchtune builds the model, LoRA's weights too, in bf16 (peft would keep the adapters in fp32)
     return (["task=causal_lm", "model=llama-2-7b", "hardware=a100_80gb", "batch_size=128", "accumulation.steps=64",
              "max_seq_len=512", "precision=bf16_true", "optim=adamw_torch", "optim.max_grad_norm=0",
              "checkpointing=full", "lora=r8", f"lora.r={rank}", f"lora.alpha={alpha}",
-             "lora.dropout=0.05", f"lora.target_modules={targets}"],
+             "lora.autocast_adapter_dtype=false", "lora.dropout=0.05", f"lora.target_modules={targets}"],
             "GPU not stated: reserved is the same on every CUDA profile; 512 tokens, the truncation a 100-step "
             "window's longest batch reaches")
 

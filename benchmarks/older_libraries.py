@@ -33,12 +33,8 @@ mechanism with its source and what it applies to, and a table that states neithe
   reduce_dtype=fp32)`, its `mixed_precision_reduce` default), where Accelerate's bf16 policy reduces in bf16:
   each unit's reduce-scatter input is the unit's gradients cast to fp32 (FSDP2's foreach_reduce). A table
   whose precision states `reduce_dtype fp32` is estimated with that policy.
-- lit-gpt's loss (`chunked_cross_entropy`, lit_gpt/utils.py, with `lm_head_chunk_size=128` in its fine-tuning
-  scripts) takes cross-entropy of the bf16 logits in 128-token chunks, without transformers' upcast to fp32.
-  While a table naming it is estimated, the causal-LM loss is computed so. (Its loop's `logits` variable also
-  keeps a micro-batch's graph until the next forward returns; the peak these tables print is their first
-  micro-batch's, which lit-gpt fills with the longest sample, with no earlier graph alive, so that is not
-  modelled.)
+- lit-gpt's code where memsweep runs transformers' and peft's (its loss, its attention and LoRA padding, its
+  RMSNorm) is litgpt.py's, applied where a table states lit-gpt's commit or its loss.
 """
 import contextlib
 import re
@@ -47,6 +43,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 import fsdp1
+import litgpt
 from patching import patched
 
 # "torch 2.0.0", "torch 2.1.0.dev20230623+cu118", "PyTorch 2.1.0+cu121": the first version the table states
@@ -55,9 +52,9 @@ TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", r
 # nightly dated before keeps two lists; the 2.1.0 release (October 2023) and later keep one
 FOREACH_ADAM_ONE_INTERMEDIATE = (2, 1, "20230710")
 BITSANDBYTES = re.compile(r"\bbitsandbytes[ =]+(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
+LITGPT = re.compile(r"\blit-gpt commit [0-9a-f]{7,40}", re.IGNORECASE)  # whose code litgpt.py reads
 BNB_DROPS_INPUT = (0, 43, 2)  # the first release with PR #1270
 FOREACH_ADAM = "foreach Adam's second intermediate (torch < 2.1, pytorch#97712)"
-LITGPT_LOSS = "lit-gpt's chunked cross-entropy on bf16 logits (lit_gpt/utils.py chunked_cross_entropy)"
 BNB_KEEPS_INPUT = "bitsandbytes < 0.43.2 kept each 4-bit linear's input for backward (bitsandbytes PR #1270)"
 FSDP1_FLAT = "FSDP1's flat parameters: a unit with a trainable parameter gets a gradient for all (litgpt#1417)"
 FSDP1_RATE_LIMITER = (2, 1, "20230711")  # limit_all_gathers=True by default from this nightly (PR #104900)
@@ -115,7 +112,9 @@ def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> 
         [FSDP1_UNLIMITED] if fsdp1 and before(torch_version, FSDP1_RATE_LIMITER) else []) + (
         [ZERO_GRAD_AFTER_FORWARD] if zero_grad == "after the forward" else []) + (
         [FP32_REDUCE] if "reduce_dtype fp32" in stated else []) + (
-        [LITGPT_LOSS] if "chunked_cross_entropy" in stated else [])
+        [litgpt.LOSS] if "chunked_cross_entropy" in stated else []) + (
+        [litgpt.ATTENTION] if LITGPT.search(stated) else []) + (
+        [litgpt.RMSNORM] if LITGPT.search(stated) and "llama" in str(fields(table, row).get("model")).lower() else [])
 
 
 @contextlib.contextmanager
@@ -130,8 +129,12 @@ def stepping_as(names: list[str]) -> Iterator[None]:
             stack.enter_context(fsdp1.host_ahead())
         if ZERO_GRAD_AFTER_FORWARD in names:
             stack.enter_context(zero_grad_before_backward())
-        if LITGPT_LOSS in names:
-            stack.enter_context(litgpt_loss())
+        if litgpt.LOSS in names:
+            stack.enter_context(litgpt.loss())
+        if litgpt.ATTENTION in names:
+            stack.enter_context(litgpt.attention())
+        if litgpt.RMSNORM in names:
+            stack.enter_context(litgpt.rmsnorm())
         if FP32_REDUCE in names:
             stack.enter_context(fp32_reduce())
         if BNB_KEEPS_INPUT in names:
@@ -165,27 +168,6 @@ def matmul_4bit_keeps_input() -> Iterator[None]:
         yield
     finally:
         MatMul4Bit.forward, MatMul4Bit.backward = staticmethod(forward), staticmethod(backward)
-
-
-@contextlib.contextmanager
-def litgpt_loss(chunk: int = 128) -> Iterator[None]:
-    """transformers' causal-LM loss as lit-gpt's chunked_cross_entropy computes it (see the module)."""
-    import torch
-    from transformers.loss.loss_utils import LOSS_MAPPING
-
-    installed = LOSS_MAPPING["ForCausalLM"]
-
-    def chunked(logits, labels, vocab_size, ignore_index=-100, **kwargs):
-        pairs = zip(logits[..., :-1, :].split(chunk, dim=1), labels[..., 1:].split(chunk, dim=1))
-        losses = [torch.nn.functional.cross_entropy(x.reshape(-1, vocab_size), y.reshape(-1),
-                                                    ignore_index=ignore_index, reduction="none") for x, y in pairs]
-        return torch.cat(losses).mean()
-
-    LOSS_MAPPING["ForCausalLM"] = chunked
-    try:
-        yield
-    finally:
-        LOSS_MAPPING["ForCausalLM"] = installed
 
 
 @contextlib.contextmanager

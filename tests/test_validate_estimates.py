@@ -219,15 +219,18 @@ def test_lit_gpts_tables_are_estimated_with_its_loss_and_its_bitsandbytes_4_bit_
     import torch
     from transformers.loss.loss_utils import LOSS_MAPPING
 
+    import litgpt
     import older_libraries as older
 
-    table = yaml.safe_load((PUBLISHED / "litgpt_lora_alpaca_1xa100_40gb.yaml").read_text())
-    assert older.adjustments(table) == [older.BNB_KEEPS_INPUT, older.LITGPT_LOSS]  # bitsandbytes 0.41.1, torch 2.1.0
+    table, rows = table_and_rows("litgpt_lora_alpaca_1xa100_40gb")
+    # bitsandbytes 0.41.1, torch 2.1.0, lit-gpt 8641822b's code; its RMSNorm for the Llama rows
+    assert older.adjustments(table) == [older.BNB_KEEPS_INPUT, litgpt.LOSS, litgpt.ATTENTION]
+    assert older.adjustments(table, rows["7 B Llama 2 7B / None / micro-batch 1"])[-1] == litgpt.RMSNORM
     assert older.adjustments({"common": {"software": "bitsandbytes 0.43.2"}}) == []
     # the chunked loss is the same mean cross-entropy over the shifted tokens (lit-gpt's mean also counts an
     # ignored label's zero, as its code does; the tables' batches are right-padded with ignored labels)
     logits, labels = torch.randn(2, 11, 7), torch.randint(0, 7, (2, 11))
-    with older.litgpt_loss(chunk=4):
+    with litgpt.loss(chunk=4):
         chunked = LOSS_MAPPING["ForCausalLM"](logits, labels, 7)
     assert LOSS_MAPPING["ForCausalLM"].__name__ == "ForCausalLMLoss"
     assert torch.allclose(chunked, LOSS_MAPPING["ForCausalLM"](logits, labels, 7))
@@ -242,7 +245,7 @@ def test_lit_gpts_tables_are_estimated_with_its_loss_and_its_bitsandbytes_4_bit_
     assert 0 < keeps["peak_allocated_bytes"] - now["peak_allocated_bytes"] <= kept
     # at 2 x 128 tokens the peak is at the loss: no fp32 copy of the logits, nor an fp32 log-softmax and its gradient
     long = [o for o in job if not o.startswith("max_seq_len")] + ["max_seq_len=128"]
-    now, loss = (ve.estimate(long, cache, names) for names in ((), (older.LITGPT_LOSS,)))
+    now, loss = (ve.estimate(long, cache, names) for names in ((), (litgpt.LOSS,)))
     logits = 2 * 128 * 30522
     assert now["peak_allocated_bytes"] - loss["peak_allocated_bytes"] >= 4 * logits
 
@@ -250,6 +253,31 @@ def test_lit_gpts_tables_are_estimated_with_its_loss_and_its_bitsandbytes_4_bit_
 def table_and_rows(stem):
     table = yaml.safe_load((PUBLISHED / f"{stem}.yaml").read_text())
     return table, {row["label"]: row for row in table["rows"]}
+
+
+def test_lit_gpts_attention_keeps_its_fused_qkv_output_and_its_padded_lora_update():
+    import litgpt
+
+    # GPT-NeoX, whose fused query_key_value is lit-gpt's `attn`: two blocks of 4,096 wide, 16 tokens, LoRA in bf16
+    job = ["task=causal_lm", "model=stablelm-base-alpha-3b", "+model.overrides.num_hidden_layers=2",
+           "hardware=a100_40gb", "batch_size=1", "max_seq_len=16", "precision=bf16_true", "optim=adamw_torch",
+           "lora=r8", "lora.autocast_adapter_dtype=false", "lora.target_modules=[query_key_value]"]
+    now, lit = (ve.estimate(job, {}, names) for names in ((), (litgpt.ATTENTION,)))
+    n, tokens = 4096, 16
+    # a block keeps the whole fused output (3n) where transformers kept its cache's copy of v (n), and the padded
+    # q and v update (2n) with its int64 column index
+    block = (3 * n - n + 2 * n) * tokens * 2 + 2 * n * 8
+    assert lit["breakdown"]["activations"] - now["breakdown"]["activations"] == 2 * block
+
+
+def test_lit_gpts_rmsnorm_keeps_its_input_in_bf16():
+    import litgpt
+
+    job = ["task=causal_lm", "model=tiny-llama", "hardware=a100_40gb", "batch_size=2", "max_seq_len=64",
+           "precision=bf16_true", "optim=adamw_torch", "lora=r8", "lora.autocast_adapter_dtype=false"]
+    now, lit = (ve.estimate(job, {}, names) for names in ((), (litgpt.RMSNORM,)))
+    # each of the two blocks' two norms keeps its 2 x 64 x 64 input and its rsqrt per token in bf16, not fp32
+    assert now["breakdown"]["activations"] - lit["breakdown"]["activations"] == 4 * (128 * 64 + 128) * 2
 
 
 def test_a_script_zeroing_gradients_after_the_forward_holds_the_last_steps_through_it():
