@@ -29,6 +29,12 @@ mechanism with its source and what it applies to, and a table that states neithe
   step's gradients through the forward; Trainer, which memsweep runs, zeroes them after the step. A table
   or row states `zero_grad: after the forward` where its code does; it is estimated with the gradients
   freed (set to None, torch >= 2.0's default) as the step's first backward begins.
+- torchtune's LoRA recipe before 2024-07-28 (pytorch/torchtune PR #1235, "delete logits before bwd": "free
+  logits otherwise it peaks backward memory") ran `logits = self._model(input_ids)` (the model returns
+  `self.output(h).float()`), `logits = logits[..., :-1, :].contiguous()`, the loss, then `loss.backward()`
+  with `logits` still bound: the fp32 shifted logits alive through the backward and until the next forward
+  returns. A table stating a torchtune commit dated before that is estimated with the causal-LM loss
+  computed so and its shifted logits kept until the next micro-batch's loss.
 - torchtitan's FSDP2 mixed precision reduces gradients in fp32 (`MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32)`, its `mixed_precision_reduce` default), where Accelerate's bf16 policy reduces in bf16:
   each unit's reduce-scatter input is the unit's gradients cast to fp32 (FSDP2's foreach_reduce). A table
@@ -53,6 +59,9 @@ TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", r
 FOREACH_ADAM_ONE_INTERMEDIATE = (2, 1, "20230710")
 BITSANDBYTES = re.compile(r"\bbitsandbytes[ =]+(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
 LITGPT = re.compile(r"\blit-gpt commit [0-9a-f]{7,40}", re.IGNORECASE)  # whose code litgpt.py reads
+# "torchtune at commit ff594c2... (2024-04-15)": the commit's date, which the held logits are judged by
+TORCHTUNE = re.compile(r"\btorchtune at commit [0-9a-f]{7,40} \((\d{4}-\d{2}-\d{2})\)", re.IGNORECASE)
+TORCHTUNE_FREES_LOGITS = "2024-07-28"  # PR #1235: `del logits` before the backward
 BNB_DROPS_INPUT = (0, 43, 2)  # the first release with PR #1270
 FOREACH_ADAM = "foreach Adam's second intermediate (torch < 2.1, pytorch#97712)"
 BNB_KEEPS_INPUT = "bitsandbytes < 0.43.2 kept each 4-bit linear's input for backward (bitsandbytes PR #1270)"
@@ -61,6 +70,8 @@ FSDP1_RATE_LIMITER = (2, 1, "20230711")  # limit_all_gathers=True by default fro
 FSDP1_UNLIMITED = ("FSDP1 without its rate limiter (torch < 2.1, pytorch#104900): unsharded parameters and "
                    "gradients freed on other streams reused after the micro-batch")
 ZERO_GRAD_AFTER_FORWARD = "the script's zero_grad after the forward: the last step's gradients alive through it"
+TORCHTUNE_LOGITS = ("torchtune's recipe before PR #1235: its fp32 shifted logits held through the backward "
+                    "(`logits` still bound)")
 FP32_REDUCE = "FSDP2 reducing gradients in fp32 (torchtitan's MixedPrecisionPolicy)"
 
 
@@ -94,6 +105,12 @@ def before(version: Optional[tuple[int, int, str]], change: tuple[int, int, str]
     return bool(nightly) and nightly < change[2]
 
 
+def holds_logits(stated: str) -> bool:
+    """Whether the table's torchtune recipe kept its logits through the backward (see the module)."""
+    found = TORCHTUNE.search(stated)
+    return found is not None and found.group(1) < TORCHTUNE_FREES_LOGITS
+
+
 def foreach_adam_holds_denom(version: Optional[tuple[int, int, str]]) -> bool:
     """Whether that torch's foreach Adam / AdamW kept the second parameter-sized list (see the module)."""
     return before(version, FOREACH_ADAM_ONE_INTERMEDIATE)
@@ -111,6 +128,7 @@ def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> 
         [FSDP1_FLAT] if fsdp1 else []) + (
         [FSDP1_UNLIMITED] if fsdp1 and before(torch_version, FSDP1_RATE_LIMITER) else []) + (
         [ZERO_GRAD_AFTER_FORWARD] if zero_grad == "after the forward" else []) + (
+        [TORCHTUNE_LOGITS] if holds_logits(stated) else []) + (
         [FP32_REDUCE] if "reduce_dtype fp32" in stated else []) + (
         [litgpt.LOSS] if "chunked_cross_entropy" in stated else []) + (
         [litgpt.ATTENTION] if LITGPT.search(stated) else []) + (
@@ -127,6 +145,8 @@ def stepping_as(names: list[str]) -> Iterator[None]:
             stack.enter_context(fsdp1.flat_unit_gradients())
         if FSDP1_UNLIMITED in names:
             stack.enter_context(fsdp1.host_ahead())
+        if TORCHTUNE_LOGITS in names:
+            stack.enter_context(logits_held_through_backward())
         if ZERO_GRAD_AFTER_FORWARD in names:
             stack.enter_context(zero_grad_before_backward())
         if litgpt.LOSS in names:
@@ -239,3 +259,28 @@ def fp32_reduce() -> Iterator[None]:
 
     with patched([(FullyShardedDataParallelPlugin, "set_mixed_precision", reducing_in_fp32)]):
         yield
+
+
+@contextlib.contextmanager
+def logits_held_through_backward() -> Iterator[None]:
+    """transformers' causal-LM loss as torchtune's recipe computed it before PR #1235 (see the module): fp32
+    logits, shifted into a contiguous copy that stays alive until the next micro-batch's loss replaces it."""
+    import torch
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    held: list = []
+
+    def shifted_and_held(logits, labels, vocab_size, ignore_index=-100, **kwargs):
+        logits = logits.float()  # the model's `self.output(h).float()`
+        held.clear()  # the last micro-batch's, released as `logits` is bound again
+        held.append(logits[..., :-1, :].contiguous())
+        return torch.nn.functional.cross_entropy(held[0].transpose(1, 2), labels[..., 1:].contiguous(),
+                                                 ignore_index=ignore_index)
+
+    installed = LOSS_MAPPING["ForCausalLM"]
+    LOSS_MAPPING["ForCausalLM"] = shifted_and_held
+    try:
+        yield
+    finally:
+        LOSS_MAPPING["ForCausalLM"] = installed
+        held.clear()

@@ -373,3 +373,21 @@ def test_torchtitans_tables_reduce_gradients_in_fp32_as_its_mixed_precision_poli
     # the weights, gradients and state are the same; what the reduction holds is in fp32, twice bf16's bytes
     assert {k: then["breakdown"][k] for k in ("params", "grads")} == {k: now["breakdown"][k] for k in ("params", "grads")}
     assert then["peak_bytes"] > now["peak_bytes"]
+
+
+def test_torchtunes_april_2024_recipe_holds_its_fp32_logits_through_the_backward():
+    import older_libraries as older
+
+    for stem in ("torchtune_llama2_7b_lora_rank_targets", "torchtune_llama2_7b_qlora_vs_lora_reserved"):
+        assert older.TORCHTUNE_LOGITS in older.adjustments(table_and_rows(stem)[0])  # commits of 2024-04-15
+    later, _ = table_and_rows("torchtune_llama32_3b_optimization_ladder")  # its commit's recipe deletes them
+    assert older.TORCHTUNE_LOGITS not in older.adjustments(later)
+    assert not older.holds_logits("torchtune at commit 8a98fbaa34d2 (2024-07-28)")  # PR #1235 deletes them
+    job = ["task=causal_lm", "model=tiny-llama", "hardware=a100_80gb", "batch_size=4", "accumulation.steps=2",
+           "max_seq_len=64", "precision=bf16_true", "optim=adamw_torch", "checkpointing=full", "lora=r8"]
+    cache = {}
+    now, held = (ve.estimate(job, cache, names) for names in ((), (older.TORCHTUNE_LOGITS,)))
+    # checkpointed blocks keep little, so the peak is the loss's: it rises by about the held fp32 shifted logits
+    # of 2 x 63 tokens over tiny-llama's 30,522 words (less what transformers' own loss had there instead)
+    shifted = 2 * 63 * 30522 * 4
+    assert 0.9 * shifted <= held["peak_allocated_bytes"] - now["peak_allocated_bytes"] <= shifted
