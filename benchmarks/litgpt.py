@@ -50,19 +50,8 @@ def loss(chunk: int = 128) -> Iterator[None]:
                                                     ignore_index=ignore_index, reduction="none") for x, y in pairs]
         return torch.cat(losses).mean()
 
-    with _mapping(LOSS_MAPPING, chunked):
+    with patched([(LOSS_MAPPING, "ForCausalLM", chunked)]):
         yield
-
-
-@contextlib.contextmanager
-def _mapping(mapping: dict, loss_function) -> Iterator[None]:
-    """transformers' causal-LM loss entry set for the block (a dict entry: patched() sets attributes)."""
-    installed = mapping["ForCausalLM"]
-    mapping["ForCausalLM"] = loss_function
-    try:
-        yield
-    finally:
-        mapping["ForCausalLM"] = installed
 
 
 def padded_update(fused: bool):

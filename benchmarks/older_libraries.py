@@ -277,10 +277,5 @@ def logits_held_through_backward() -> Iterator[None]:
         return torch.nn.functional.cross_entropy(held[0].transpose(1, 2), labels[..., 1:].contiguous(),
                                                  ignore_index=ignore_index)
 
-    installed = LOSS_MAPPING["ForCausalLM"]
-    LOSS_MAPPING["ForCausalLM"] = shifted_and_held
-    try:
+    with patched([(LOSS_MAPPING, "ForCausalLM", shifted_and_held)]):
         yield
-    finally:
-        LOSS_MAPPING["ForCausalLM"] = installed
-        held.clear()
