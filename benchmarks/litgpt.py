@@ -77,9 +77,10 @@ def attention() -> Iterator[None]:
     installed = trace.training_step
 
     def stepping(model, *args, **kwargs):
-        hooks = []
+        hooks, configs = [], {}
         for name, module in model.named_modules():
             if isinstance(module, PreTrainedModel):
+                configs.setdefault(id(module.config), (module.config, module.config.use_cache))
                 module.config.use_cache = False
             if name.endswith("lora_B"):  # peft's ModuleDict of each adapted layer's B
                 hooks += [b.register_forward_hook(padded_update(FUSED_QKV in name)) for b in module.values()]
@@ -88,6 +89,8 @@ def attention() -> Iterator[None]:
         finally:
             for hook in hooks:
                 hook.remove()
+            for config, use_cache in configs.values():
+                config.use_cache = use_cache
 
     with patched([(trace, "training_step", stepping)]):
         yield
