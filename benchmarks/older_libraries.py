@@ -122,17 +122,18 @@ def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> 
     stated, torch_version = setup(table, row), stated_torch(table)
     bnb = BITSANDBYTES.search(stated)
     fsdp1 = "FSDPStrategy" in stated
-    zero_grad = fields(table, row).get("zero_grad")
+    given = fields(table, row)
+    litgpt_code = LITGPT.search(stated) is not None
     return ([FOREACH_ADAM] if foreach_adam_holds_denom(torch_version) else []) + (
         [BNB_KEEPS_INPUT] if bnb and tuple(map(int, bnb.groups())) < BNB_DROPS_INPUT else []) + (
         [FSDP1_FLAT] if fsdp1 else []) + (
         [FSDP1_UNLIMITED] if fsdp1 and before(torch_version, FSDP1_RATE_LIMITER) else []) + (
-        [ZERO_GRAD_AFTER_FORWARD] if zero_grad == "after the forward" else []) + (
+        [ZERO_GRAD_AFTER_FORWARD] if given.get("zero_grad") == "after the forward" else []) + (
         [TORCHTUNE_LOGITS] if holds_logits(stated) else []) + (
         [FP32_REDUCE] if "reduce_dtype fp32" in stated else []) + (
         [litgpt.LOSS] if "chunked_cross_entropy" in stated else []) + (
-        [litgpt.ATTENTION] if LITGPT.search(stated) else []) + (
-        [litgpt.RMSNORM] if LITGPT.search(stated) and "llama" in str(fields(table, row).get("model")).lower() else [])
+        [litgpt.ATTENTION] if litgpt_code else []) + (
+        [litgpt.RMSNORM] if litgpt_code and "llama" in str(given.get("model")).lower() else [])
 
 
 @contextlib.contextmanager
