@@ -36,13 +36,15 @@ MODELS = {
     # torchao's low-bit AdamW (compiled steps) and its CPU offload of the optimizer, on the same shape
     "bert-base-torchao": ["precision=bf16", "optim=adamw_torch_8bit,adamw_torch_4bit"] + BERT_BASE,
     "bert-base-offload": ["precision=bf16", "offload=optimizer,optimizer_and_grads"] + BERT_BASE,
+    # the 2-layer, 64-wide BERT: each op a launch, so the host's dispatch of the ops paces the step
+    "tiny-launch-bound": ["precision=fp32,bf16", "checkpointing=none,full", "model=tiny"],
     # a Llama-style decoder of ~0.2B parameters (TinyLlama's widths, 8 layers) with random weights
     "llama-random": DECODER_GRID + ["task=causal_lm", "model=tiny-llama", "model.hidden_size=2048",
                                     "model.num_layers=8", "model.num_heads=32", "model.num_kv_heads=4",
                                     "model.intermediate_size=5632"],
 }
 # Short jobs: the memory ledger is step 2; a few more steps time a step.
-SMALL = ["hardware=auto", "logger=none", "data.train_size=320", "data.eval_size=64", "max_steps=8",
+SMALL = ["hardware=auto", "logger=none", "data.train_size=320", "data.eval_size=64",
          "max_seq_len=128"]
 GIB = 2**30
 # (predicted, measured) results.json fields for each counter; a prediction the estimate does not make is "–"
@@ -77,8 +79,12 @@ def rows(model: str, jobs: list[sweepdir.SweepJob]) -> list[dict[str, Any]]:
         # the safe side of packing, which fits and autofit use: it should not be below the measured reserved
         row["reserved upper error"] = _error(job.get("estimate.reserved_upper_bytes"), job.get("memory.cuda_max_reserved"))
         row["context measured GiB"] = _gib(job.get("memory.cuda_context_bytes"))  # "used" beside the allocator
-        step = job.get("time.step_s_median")
+        step, predicted = job.get("time.step_s_median"), job.get("estimate.predicted_step_s")
         row["ms/step"] = "–" if step is None else f"{step * 1e3:.1f}"
+        # the roofline's lower bound at the profile's datasheet rates, and the ops the host dispatches per step
+        row["ms/step predicted"] = "–" if predicted is None else f"{predicted * 1e3:.1f}"
+        ops = [job.get(f"estimate.step_time.{k}") for k in ("ops_per_micro_batch", "ops_in_optimizer_step")]
+        row["ops/step"] = "–" if None in ops else str(sum(ops))
         row.update({key: str(job.get(f"effective.{key}")) for key in AUDIT})
         if not job.ok:
             row["reason"] = job.reason
@@ -108,6 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "GPU.md")
     parser.add_argument("--sweeps", type=Path, default=ROOT / "multirun" / "gpu-check")
     parser.add_argument("--models", default=",".join(MODELS), help=f"a comma-separated subset of {', '.join(MODELS)}")
+    parser.add_argument("--max-steps", type=int, default=8, help="optimizer steps per job (more: steadier ms/step)")
     args = parser.parse_args(argv)
     if unknown := set(args.models.split(",")) - set(MODELS):
         parser.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(MODELS)}")
@@ -122,7 +129,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for model in args.models.split(","):
         overrides = MODELS[model]
         sweep_dir = args.sweeps / model
-        command = [sys.executable, "train.py", "-m", *overrides, *SMALL, f"hydra.sweep.dir={sweep_dir}"]
+        command = [sys.executable, "train.py", "-m", *overrides, *SMALL, f"max_steps={args.max_steps}",
+                   f"hydra.sweep.dir={sweep_dir}"]
         print("gpu-check: " + " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=ROOT)  # a failed job is a row; the sweep's own exit code is not ours
         all_rows += rows(model, sweepdir.collect(sweep_dir))

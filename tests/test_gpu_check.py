@@ -25,7 +25,8 @@ def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
 def test_the_table_puts_each_counter_beside_its_prediction():
     res = {"memory": {"cuda_max_allocated": 2 * GIB, "cuda_max_reserved": 3 * GIB, "device_used_bytes": None},
            "estimate": {"peak_allocated_bytes": int(2.2 * GIB), "peak_reserved_bytes": None,
-                        "reserved_upper_bytes": int(3.3 * GIB)},
+                        "reserved_upper_bytes": int(3.3 * GIB), "predicted_step_s": 0.0625,
+                        "step_time": {"ops_per_micro_batch": 1000, "ops_in_optimizer_step": 200}},
            "time": {"step_s_median": 0.125},
            "effective": {"compute_dtype": "float16", "grad_scaler": "GradScaler", "optimizer": "AdamW8bit"}}
     ok = SweepJob(0, ["precision=fp16", "optim=adamw_8bit"], "ok", res=res)
@@ -36,6 +37,7 @@ def test_the_table_puts_each_counter_beside_its_prediction():
     assert rows[0]["allocated predicted GiB"] == "2.200" and rows[0]["allocated measured GiB"] == "2.000"
     assert rows[0]["allocated error"] == "+10.0 %" and rows[0]["reserved error"] == "–"  # not predicted
     assert rows[0]["used measured GiB"] == "–" and rows[0]["ms/step"] == "125.0"
+    assert rows[0]["ms/step predicted"] == "62.5" and rows[0]["ops/step"] == "1200"  # the host's share of a step
     assert rows[0]["reserved upper error"] == "+10.0 %"
     assert (rows[0]["grad_scaler"], rows[0]["compute_dtype"]) == ("GradScaler", "float16")
     assert rows[1]["status"] == "unsupported" and rows[1]["reason"].startswith("bf16-unsupported")

@@ -1,0 +1,122 @@
+"""The rates a CUDA GPU and its host reach, measured on them: what the step-time roofline's datasheet rates leave out.
+
+- matmul: median FLOP/s of an n x n x n product per compute dtype (fp32 with TF32 off, TF32, fp16, bf16), at a
+  large n (the card's ceiling) and at the widths of a fine-tuning step's matmuls;
+- memory: a device-to-device copy, bytes read and written over its time;
+- the host's dispatch of one eager op: a chain of small ops on a one-element tensor (the GPU's work per op is a
+  launch, so the host's time per op paces it), timed on the host clock with one synchronisation at the end,
+  once as bare ATen calls and once as a small module's forward and backward through autograd.
+
+Writes one JSON object to --out (or prints it). Without a GPU it says so and exits 0.
+"""
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+
+def _median_s(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
+    """Median seconds of fn over `repeats` timed calls, after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_tflops(torch, dtype, n: int, m: Optional[int] = None, k: Optional[int] = None) -> float:
+    m, k = m or n, k or n
+    a, b = torch.randn(n, k, device="cuda", dtype=dtype), torch.randn(k, m, device="cuda", dtype=dtype)
+    seconds = _median_s(lambda: torch.mm(a, b), 20, torch.cuda.synchronize)
+    return 2 * n * m * k / seconds / 1e12
+
+
+def copy_gbs(torch, nbytes: int = 2**31) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = _median_s(lambda: dst.copy_(src), 20, torch.cuda.synchronize)
+    return 2 * nbytes / seconds / 1e9  # read and written
+
+
+def dispatch_us(torch, ops: int = 5000) -> dict:
+    """Host microseconds per op: bare ATen adds, and a tiny MLP's forward + backward (ops counted by the
+    profiler-free way: aten ops seen by a dispatch mode over one pass)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.zeros(1, device="cuda")
+    bare = _median_s(lambda: [x.add_(1.0) for _ in range(ops)], 5, torch.cuda.synchronize) / ops
+
+    mlp = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(8)]).cuda()
+    data = torch.randn(4, 8, device="cuda")
+
+    def step():
+        mlp(data).sum().backward()
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        step()
+    per_step = _median_s(lambda: [step() for _ in range(50)], 5, torch.cuda.synchronize) / 50
+    return {"aten_add_us": 1e6 * bare, "module_fwd_bwd_us_per_op": 1e6 * per_step / Count.n,
+            "module_ops_per_step": Count.n}
+
+
+def measure() -> dict:
+    import torch
+
+    dtypes = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "host_cpu": _cpu_name(), "python": platform.python_version(), "matmul_tflops": {}}
+    for key, dtype in dtypes.items():
+        torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
+        # the ceiling, and a step's shapes: 4,096 tokens x 1,024 wide into 4,096 (a feed-forward layer's)
+        out["matmul_tflops"][key] = {"8192^3": matmul_tflops(torch, dtype, 8192),
+                                     "4096x1024x4096": matmul_tflops(torch, dtype, 4096, 4096, 1024),
+                                     "4096x768x768": matmul_tflops(torch, dtype, 4096, 768, 768)}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out["copy_gbs"] = copy_gbs(torch)
+    out["dispatch"] = dispatch_us(torch)
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu-rates: no CUDA GPU on this machine, nothing was measured")
+        return 0
+    text = json.dumps(measure(), indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
