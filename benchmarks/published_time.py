@@ -1,5 +1,5 @@
 """The time a published row prints, as seconds per optimizer step, beside the estimate's predicted step time
-(the roofline, estimate/roofline.py), and whether a ladder's rows come out in the published order.
+(estimate/roofline.py: each op's roofline, launched by the host), and whether a ladder's rows come out in the published order.
 
 Sources print time in their own ways; each is read as seconds per optimizer step:
 - `time_elapsed` ("17.94 min") over the row's `optimizer_steps`: a whole loop's wall time, so it includes
@@ -64,7 +64,7 @@ def summary(frame: pd.DataFrame) -> list[str]:
         return ["no modelled row prints a time"]
     within = int((frame.loc[timed, "time error %"].abs() <= TOLERANCE_PCT).sum())
     lines = [f"{int(timed.sum())} modelled rows print a time; {within} within ±{TOLERANCE_PCT:.0f} % of it "
-             f"(predicted seconds per optimizer step, the roofline); median |error| "
+             f"(predicted seconds per optimizer step: the roofline, launched by the host); median |error| "
              f"{frame.loc[timed, 'time error %'].abs().median():.1f} %"]
     lines += [f"  {table}: Spearman {rho:+.2f} (predicted against published order by time)"
               for table, rho in ladder_order(frame).items()]

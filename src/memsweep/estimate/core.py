@@ -1,6 +1,6 @@
 """A job's estimate, as a recipe: plan -> model -> trace (or the nearest job's trace, adjusted) -> device
-counters -> fit. The profile's CUDA context, the fit against its capacity, FLOPs and a lower bound on
-step time at its peak TFLOP/s."""
+counters -> fit. The profile's CUDA context, the fit against its capacity, FLOPs and the predicted step
+time (roofline.py)."""
 import dataclasses
 import os
 import time

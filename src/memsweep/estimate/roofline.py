@@ -1,22 +1,38 @@
-"""Step time predicted per operation on the trace's fake step: a roofline.
+"""Step time predicted per operation on the trace's fake step: a roofline, and the host that feeds it.
 
-Each ATen op the step runs takes max(FLOPs / peak compute, bytes moved / memory bandwidth), as torch's
+Each ATen op the step runs takes max(FLOPs / compute rate, bytes moved / memory bandwidth), as torch's
 RuntimeEstimator does in its cost-model mode (`torch/distributed/_tools/runtime_estimator.py`, with the
 FLOP formulas of `torch.utils.flop_counter` and the byte count of `torch.utils._runtime_estimation`).
-It is built on that class (its dispatch, module tracking and ignored view/creation ops); only the rates
-differ: they come from the hardware profile instead of the GPU this process runs on (there is none), and
-no efficiency factor is applied (torch's `flops_to_ns` takes 75 % of peak, a factor without a named
-mechanism), so every figure is what the op would take at the datasheet's rates: a lower bound per op,
-summed over the ops as a GPU runs them one after another on one stream.
+It is built on that class (its dispatch, module tracking and ignored view/creation ops); the rates come
+from the hardware profile instead of the GPU this process runs on (there is none). Summed over the ops as
+a GPU runs them one after another on one stream.
+
+A GPU profile's rates are its datasheet's; what a card reaches of them was measured on one (an H200,
+benchmarks/gpu_rates.py, benchmarks/GPU.md) and is applied to every CUDA profile, each a named mechanism:
+- MATMUL_CEILING: cuBLAS's largest products (8192 x 8192 x 8192) reach 0.74-0.77 of the dense datasheet
+  peak in fp32, TF32, fp16 and bf16 (torch's own `flops_to_ns` assumes 0.75);
+- MEMORY_CEILING: a device-to-device copy moves 0.88 of the datasheet bandwidth (4,217 of 4,800 GB/s);
+- KERNEL_MIN_S: a kernel takes a few microseconds however little it does: the 2-layer, 64-wide BERT's
+  fixed-shape step ran 313 kernels in 0.91 ms of GPU time (bf16 autocast; fp32: 239 in 0.99 ms);
+- HOST_S_PER_STEP_OP: an op called in a Python loop, as an optimizer's step calls them, costs the host
+  6.7 us (a chain of in-place adds on a one-element tensor);
+- HOST_S_PER_OP: an op of a model's forward or backward costs more (modules' Python, autograd's engine):
+  bert-base's shape at 32 x 128 tokens under the Trainer, in bf16 and fp16 autocast, keeps the GPU busy
+  for about 9 ms of a 48.6 / 44.8 ms step; less its 615 optimizer ops at 6.7 us, 44.4 / 40.5 us for each
+  of its 1,002 forward and backward ops (42 us taken; a plain loop without the Trainer: 21-32 us).
+The host launches, the GPU runs each op once launched and after the one before (queued_s): a step of
+small ops waits on the host (bert-base bf16 at 32 x 128 tokens in a plain loop: 11.1 ms of kernels in a
+52-55 ms step), one of large matmuls on the GPU (fp32: 56.4 ms of kernels in a 57.5-59.2 ms step).
+A CPU profile's rates are measured on this CPU at start-up: no ceiling applies, and the ops run on the
+host itself (no separate dispatch floor).
 
 What the sum holds, because it is the step the memory trace runs: forward, backward with checkpointing's
 recomputed forward, gradient clipping, the optimizer step (memory-bound: it reads and writes every state
 tensor) and bitsandbytes' quantize / dequantize ops (each dispatched as an op with its bytes). What it
 adds outside the ops: activation offload's host copies over the profile's host link. What it leaves out:
-kernel launch latency and Python time between ops, data loading, and collectives between processes. So the
-step also says how many ops a micro-batch dispatches and their mean time on the GPU (`gpu_us_per_op`):
-where that is a few microseconds, eager PyTorch's dispatch of each op on the host (several microseconds
-an op) sets the pace, not the GPU, and the figure is well below what a run takes.
+data loading, a training loop's own work per step (a Trainer's callbacks and logging), checkpointing's
+hooks on the host, matmuls at widths where cuBLAS reaches less than its ceiling, and collectives between
+processes.
 
 The ops are those eager PyTorch runs as kernels: no mode sits above the roofline. torch's FlopCounterMode
 decomposes an op it has no formula for (`func.decompose`: silu_backward into 8 elementwise ops, each timed
@@ -35,6 +51,12 @@ from torch.distributed._tools.runtime_estimator import RuntimeEstimator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 GB = 1e9
+# What a CUDA card reaches of its datasheet, measured on an H200 (module docstring, benchmarks/GPU.md)
+MATMUL_CEILING = 0.76
+MEMORY_CEILING = 0.88
+HOST_S_PER_OP = 42e-6
+HOST_S_PER_STEP_OP = 6.7e-6
+KERNEL_MIN_S = 3e-6
 PHASES = ("forward", "backward", "step")
 FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
@@ -46,6 +68,9 @@ class Rates:
     host_bytes_s: Optional[float]  # host link (PCIe) bandwidth, one direction
     fp32_key: str = "fp32"  # "tf32" where fp32 matmuls run on TF32 tensor cores
     source: str = "profile (datasheet)"
+    host_s_per_op: float = 0.0  # the host's dispatch of one forward or backward op, which the GPU cannot run ahead of
+    host_s_per_step_op: float = 0.0  # ... of one op of the optimizer's step (a plain call from a Python loop)
+    kernel_min_s: float = 0.0  # the shortest a GPU kernel takes, whatever its FLOPs and bytes
 
 
 class Roofline(RuntimeEstimator):
@@ -133,27 +158,59 @@ def micro_batch_flops(ops: list) -> int:
     return sum(flops * n for phase, _, flops, _, n in ops if phase != "step")
 
 
+def op_s(key: str, flops: int, moved: int, rates: Rates) -> tuple[float, float, bool]:
+    """(compute seconds, memory seconds, a rate missing) of one op; a GPU kernel takes at least KERNEL_MIN_S."""
+    key = rates.fp32_key if key == "fp32" else key
+    rate = rates.flops.get(key) or (rates.flops.get("fp32") if key == "tf32" else None)
+    compute_s, memory_s = (flops / rate if flops and rate else 0.0), moved / rates.memory_bytes_s
+    return compute_s, max(memory_s, rates.kernel_min_s), bool(flops and not rate)
+
+
 def seconds(ops: list, rates: Rates) -> dict:
     """One micro-batch's forward and backward and the optimizer step, timed at `rates`; which ops bound it."""
     out = {**{p: 0.0 for p in PHASES}, "compute_bound_s": 0.0, "memory_bound_s": 0.0, "ops": dict.fromkeys(PHASES, 0)}
     no_rate = set()
     for phase, key, flops, moved, n in ops:
         out["ops"][phase] += n
-        key = rates.fp32_key if key == "fp32" else key
-        rate = rates.flops.get(key) or (rates.flops.get("fp32") if key == "tf32" else None)
-        if flops and not rate:
+        compute_s, memory_s, missing = op_s(key, flops, moved, rates)
+        if missing:
             no_rate.add(key)
-        compute_s, memory_s = (flops / rate if flops and rate else 0.0), moved / rates.memory_bytes_s
         out[phase] += n * max(compute_s, memory_s)
         out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += n * max(compute_s, memory_s)
     return {**out, "no_rate": sorted(no_rate)}
 
 
+def queued_s(sequence: list, rates: Rates, accumulation: int) -> float:
+    """A step as eager PyTorch runs it on a GPU: the host launches the ops one after another (host_s_per_op
+    each), the GPU runs each once it is launched and the one before has finished. Each micro-batch starts
+    from an idle queue: its batch is copied from pageable host memory, and "for transfers from pageable host
+    memory to device memory, a stream sync is performed before the copy is initiated" (CUDA Runtime API,
+    API synchronization behavior). The optimizer step follows the last backward in the same queue."""
+    sequence = [tuple(op) for op in sequence]  # a cached trace may hold them as lists
+    # each distinct op's (host, device) seconds once: a step repeats the same few hundred ops per block
+    cost = {op: (rates.host_s_per_step_op if op[0] == "step" else rates.host_s_per_op, max(op_s(*op[1:], rates)[:2]))
+            for op in set(sequence)}
+
+    def run(ops) -> float:
+        host = gpu = 0.0
+        for op in ops:
+            launch, kernel = cost[op]
+            host += launch
+            gpu = max(gpu, host) + kernel
+        return max(gpu, host)
+
+    micro_batch = [op for op in sequence if op[0] != "step"]
+    return (accumulation - 1) * run(micro_batch) + run(micro_batch + [op for op in sequence if op[0] == "step"])
+
+
 def rates_of(profile, compute_key: str) -> Optional[Rates]:
     """The profile's rates, or None where it has no memory bandwidth (a step cannot be timed). On a CPU
     profile without them, this machine's, measured once (measure/peak.py)."""
-    flops = {k: v * 1e12 for k, v in profile.tflops.items()}
+    on_gpu = profile.device == "cuda"
+    flops = {k: v * 1e12 * (MATMUL_CEILING if on_gpu else 1.0) for k, v in profile.tflops.items()}
     memory, host, source = profile.memory_gbs, profile.host_link_gbs, "profile (datasheet)"
+    if on_gpu and memory:
+        memory, source = memory * MEMORY_CEILING, "profile (datasheet) x the ceilings measured on an H200"
     if profile.device == "cpu" and (not flops or memory is None):
         from ..measure import peak
 
@@ -163,13 +220,17 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
     if memory is None:
         return None
     return Rates(flops=flops, memory_bytes_s=memory * GB, host_bytes_s=host * GB if host else None,
-                 fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source)
+                 fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source,
+                 host_s_per_op=HOST_S_PER_OP if on_gpu else 0.0,
+                 host_s_per_step_op=HOST_S_PER_STEP_OP if on_gpu else 0.0,
+                 kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0)
 
 
 def step_time(traced: dict, plan, profile) -> dict:
-    """The predicted time of one optimizer step: accumulation x (forward + backward of a micro-batch) + the
-    optimizer step + activation offload's host copies (save_on_cpu: each saved tensor to the host in forward
-    and back in backward, over the host link), with its parts; `step_s` None with the reason where it cannot
+    """The predicted time of one optimizer step: on a GPU the host's launches of the ops and the device's
+    kernels (queued_s: accumulation x a micro-batch's forward + backward, then the optimizer step); on a CPU
+    the ops' sum; plus activation offload's host copies (save_on_cpu: each saved tensor to the host in forward
+    and back in backward, over the host link). With its parts; `step_s` None with the reason where it cannot
     be predicted."""
     rates = rates_of(profile, plan.techniques.precision.compute)
     if rates is None:
@@ -180,23 +241,28 @@ def step_time(traced: dict, plan, profile) -> dict:
     if offloaded and rates.host_bytes_s is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no host_link_gbs for offload's copies"}
     host_s = accumulation * 2 * offloaded / rates.host_bytes_s if offloaded else 0.0
-    total = accumulation * (parts["forward"] + parts["backward"]) + parts["step"] + host_s
-    # how many ops the host dispatches one by one, and their mean time on the GPU: a few microseconds each,
-    # and the host's dispatch of each op (not in this bound) paces the step instead
-    ops = parts["ops"]["forward"] + parts["ops"]["backward"]
-    out = {"step_s": total, "forward_s": parts["forward"], "backward_s": parts["backward"],
-           "optimizer_s": parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
+    # the optimizer stepping on the host (adjust.py) runs no op on the device: its step is not timed
+    on_device = not traced.get("optimizer_on_host")
+    ops, micro_batch_s = parts["ops"]["forward"] + parts["ops"]["backward"], parts["forward"] + parts["backward"]
+    device_s = accumulation * micro_batch_s + on_device * parts["step"]
+    dispatch_s = (accumulation * ops * rates.host_s_per_op
+                  + on_device * parts["ops"]["step"] * rates.host_s_per_step_op)
+    sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
+    queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
+    out = {"step_s": queue_s + host_s, "forward_s": parts["forward"], "backward_s": parts["backward"],
+           "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
+           "device_s": device_s, "dispatch_s": dispatch_s, "idle_s": queue_s - device_s,  # waiting for launches
+           "bound": "host dispatch" if dispatch_s > device_s else "device",
            "ops_per_micro_batch": ops, "ops_in_optimizer_step": parts["ops"]["step"],
-           "gpu_us_per_op": 1e6 * (parts["forward"] + parts["backward"]) / ops if ops else None,
+           "gpu_us_per_op": 1e6 * micro_batch_s / ops if ops else None,
            "compute_bound_share": parts["compute_bound_s"] / max(parts["compute_bound_s"] + parts["memory_bound_s"], 1e-30),
-           "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), no efficiency factor"}
+           "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), launched by the host"}
     if parts["no_rate"]:
         out.update(step_s=None, why_not=f"profile {profile.name} has no peak rate for {', '.join(parts['no_rate'])}")
-    elif traced.get("optimizer_on_host"):  # the adjustment took the optimizer off the device (adjust.py)
+    elif not on_device:
         # the step on the host depends on the host's CPU and memory, which no profile describes; the GPU runs none
-        out.update(step_s=total - parts["step"], optimizer_s=0.0,
-                   note="the optimizer steps on the host: its step and the copies of gradients and weights to and "
-                        "from it are not timed (a lower bound)")
+        out["note"] = ("the optimizer steps on the host: its step and the copies of gradients and weights to and from "
+                       "it are not timed (a lower bound)")
     elif traced.get("optimizer") and traced.get("adjustment") and plan.techniques.deepspeed.on:
         out["note"] = "DeepSpeed's flat-partition optimizer step and its collectives are not timed"
     return out

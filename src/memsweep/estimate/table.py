@@ -25,13 +25,21 @@ def shape(est: dict[str, Any]) -> str:
 
 def summary_line(est: dict[str, Any]) -> str:
     fits = {True: "fits", False: "DOES NOT FIT", None: "capacity unknown"}[est["fits"]]
-    time_s = "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f} ms/step at peak"
+    time_s = _predicted_time(est)
     # on a GPU the total takes reserved on the safe side of packing: both figures shown
     packing = (f" (reserved {_gib(est['peak_reserved_bytes'])} GiB, upper {_gib(est['reserved_upper_bytes'])} GiB)"
                if est.get("reserved_upper_bytes") is not None else "")
     return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']} for {shape(est)}: "
                       f"{_gib(est['total_bytes'])} GiB{packing} of {_gib(est['capacity_bytes'])} GiB, {fits}; "
                       f"{est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}", *shapes.lines(est.get("shape_advice"))])
+
+
+def _predicted_time(est: dict[str, Any]) -> str:
+    """The predicted step time and what paces it (roofline.py), else FLOPs at the peak rate."""
+    if est.get("predicted_step_s"):
+        bound = (est.get("step_time") or {}).get("bound")
+        return f"{est['predicted_step_s'] * 1e3:.1f} ms/step predicted" + (f" ({bound})" if bound else "")
+    return "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f} ms/step at peak"
 
 
 TABLE_PARTS = ("params", "grads", "optimizer", "activations", "temp", "overhead")
@@ -48,6 +56,7 @@ def _row(est: dict[str, Any], with_shapes: bool) -> dict[str, str]:
            "capacity GiB": _gib(est["capacity_bytes"]), "fits": {True: "yes", False: "**no**", None: "?"}[est["fits"]],
            "margin GiB": _gib(est["margin_bytes"]),
            "TFLOP/step": f"{est['flops_per_step'] / 1e12:.2f}",
+           "ms/step predicted": "-" if not est.get("predicted_step_s") else f"{est['predicted_step_s'] * 1e3:.1f}",
            "ms/step at peak": "-" if est["step_time_s"] is None else f"{est['step_time_s'] * 1e3:.1f}"}
     if with_shapes:
         row["not a tensor-core multiple"] = shapes.cell(est.get("shape_advice"))

@@ -41,6 +41,8 @@ def from_twin(job: Config, profile: HardwareConf, memo: dict):
         return None
     ours, theirs = (p.value for p in (job.precision.name, twin.precision.name))
     ops = [[phase, ours if key == theirs else key, *rest] for phase, key, *rest in traced["roofline_ops"]]
-    relabelled = {**traced, "roofline_ops": ops, "twin": theirs}
+    sequence = [(phase, ours if key == theirs else key, *rest)
+                for phase, key, *rest in traced.get("roofline_sequence") or []]
+    relabelled = {**traced, "roofline_ops": ops, "roofline_sequence": sequence, "twin": theirs}
     memo[device_key(job, profile)] = relabelled
     return assemble(job, profile, build_plan(job, profile), relabelled, started)
