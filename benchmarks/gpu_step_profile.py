@@ -38,7 +38,8 @@ def build(spec):
     return auto.from_config(config).to(dev).train()
 
 
-def run(name, spec, precision):
+def training_step(name, spec, precision):
+    """(the model, a closure running one step: forward, backward, clipping, fused AdamW)."""
     torch.manual_seed(0)
     model = build(spec)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=dev == "cuda")
@@ -63,7 +64,12 @@ def run(name, spec, precision):
             opt.step()
         opt.zero_grad(set_to_none=True)
 
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    return model, step
+
+
+def wall_s(step, sync) -> tuple[float, float]:
+    """(median seconds of a step synchronised after it, mean of ten unsynchronised ones: the host runs ahead,
+    the queue fills, the steady-state interval), after three warm-up steps."""
     for _ in range(3):
         step()
     sync()
@@ -73,13 +79,16 @@ def run(name, spec, precision):
         step()
         sync()
         walls.append(time.perf_counter() - start)
-    # unsynchronised: the host runs ahead, the queue fills; steady-state interval
     sync()
     start = time.perf_counter()
     for _ in range(10):
         step()
     sync()
-    pipelined = (time.perf_counter() - start) / 10
+    return statistics.median(walls), (time.perf_counter() - start) / 10
+
+
+def kernels_of(step, sync) -> dict:
+    """The profiler's CUDA events over three steps, per step: their total time, count and largest names."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(3):
@@ -89,16 +98,23 @@ def run(name, spec, precision):
     kernel_us = sum(e.device_time for e in kernels) / 3 if kernels else None
     key_total_us = sum(e.self_device_time_total for e in prof.key_averages()) / 3
     aten = [e for e in prof.events() if e.name.startswith("aten::") and e.device_type == torch.autograd.DeviceType.CPU]
-    out = {"case": name, "precision": precision, "batch": B, "seq": T, "wall_ms_sync": 1e3 * statistics.median(walls),
-           "wall_ms_pipelined": 1e3 * pipelined, "kernel_ms": kernel_us / 1e3 if kernel_us else None,
-           "kernels_per_step": len(kernels) / 3,
-           "self_device_ms_by_key": key_total_us / 1e3, "aten_calls_per_step": len(aten) / 3,
-           "params": sum(p.numel() for p in model.parameters())}
     by_name = {}
     for e in kernels:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 3
-    out["top_kernels_ms"] = {k[:90]: round(v / 1e3, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:12]}
-    del model, opt
+    return {"kernel_ms": kernel_us / 1e3 if kernel_us else None, "kernels_per_step": len(kernels) / 3,
+            "self_device_ms_by_key": key_total_us / 1e3, "aten_calls_per_step": len(aten) / 3,
+            "top_kernels_ms": {k[:90]: round(v / 1e3, 3)
+                               for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:12]}}
+
+
+def run(name, spec, precision):
+    model, step = training_step(name, spec, precision)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    synced, pipelined = wall_s(step, sync)
+    out = {"case": name, "precision": precision, "batch": B, "seq": T, "wall_ms_sync": 1e3 * synced,
+           "wall_ms_pipelined": 1e3 * pipelined, **kernels_of(step, sync),
+           "params": sum(p.numel() for p in model.parameters())}
+    del model, step
     if dev == "cuda":
         torch.cuda.empty_cache()
     return out
