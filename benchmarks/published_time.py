@@ -1,5 +1,6 @@
 """The time a published row prints, as seconds per optimizer step, beside the estimate's predicted step time
-(estimate/roofline.py: each op's roofline, launched by the host), and whether a ladder's rows come out in the published order.
+(estimate/roofline.py: each op's roofline, launched by the host), and whether a ladder's rows come out in
+the published order.
 
 Sources print time in their own ways; each is read as seconds per optimizer step:
 - `time_elapsed` ("17.94 min") over the row's `optimizer_steps`: a whole loop's wall time, so it includes

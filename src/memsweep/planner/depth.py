@@ -3,9 +3,9 @@ fast, from traces of the same model at two smaller depths, extrapolated.
 
 Why depth extrapolation holds: a transformer's blocks are identical, so each block adds the same tensors
 (its weights, gradients, optimizer state, saved activations) and the same ops to the step. Tensor bytes
-at the peak, and the step's time (device and host, op by op), are affine in the number of blocks; measured on
-Llama-3.1-8B bf16 at depths 2, 3, 4 and 32, the peak tensor bytes extrapolated from 2 and 3 equal the
-full trace's to the byte. What the caching allocator reserves is not a sum over blocks (its segments
+at the peak, and the step's time, are affine in the number of blocks (the time exactly so where the device
+or the host's dispatch paces every block); measured on Llama-3.1-8B bf16 at depths 2, 3, 4 and 32, the
+peak tensor bytes extrapolated from 2 and 3 equal the full trace's to the byte. What the caching allocator reserves is not a sum over blocks (its segments
 depend on the order of allocations), so reserved is taken as the extrapolated allocated peak times the
 larger reserved/allocated ratio of the two traces (the fit errs on the safe side); tests/test_planner.py
 checks each figure against the full trace.
