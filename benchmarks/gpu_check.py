@@ -3,7 +3,7 @@
 A small grid (precision fp32/fp16/bf16 x optim adamw/adamw_8bit/adafactor x checkpointing none/full) on
 the embedded MiniLM and on bert-base-sized random weights, torchao's 8- and 4-bit AdamW and its optimizer
 CPU offload (with and without the gradients) on the bert-base shape, and a decoder grid (optim x
-full/LoRA/QLoRA in bf16) on a ~0.2B Llama-style decoder with random weights, a few optimizer steps each, through the
+full/LoRA/QLoRA in bf16) on a 0.48B Llama-style decoder with random weights, a few optimizer steps each, through the
 ordinary `python train.py -m` path with `hardware=auto` (the GPU's own profile). Writes
 benchmarks/GPU.md: per job, predicted against measured for the three counters a GPU has (peak
 allocated, peak reserved, nvidia-smi "used"), the time per step, and the `effective` audit showing
@@ -38,7 +38,7 @@ MODELS = {
     "bert-base-offload": ["precision=bf16", "offload=optimizer,optimizer_and_grads"] + BERT_BASE,
     # the 2-layer, 64-wide BERT: each op a launch, so the host's dispatch of the ops paces the step
     "tiny-launch-bound": ["precision=fp32,bf16", "checkpointing=none,full", "model=tiny"],
-    # a Llama-style decoder of ~0.2B parameters (TinyLlama's widths, 8 layers) with random weights
+    # a Llama-style decoder of 0.48B parameters (TinyLlama's widths, 8 layers, untied head) with random weights
     "llama-random": DECODER_GRID + ["task=causal_lm", "model=tiny-llama", "model.hidden_size=2048",
                                     "model.num_layers=8", "model.num_heads=32", "model.num_kv_heads=4",
                                     "model.intermediate_size=5632"],

@@ -4,10 +4,11 @@ and what the host's dispatch of the ops takes can be told apart.
 
     python benchmarks/gpu_step_profile.py OUT.json
 
-bert-base's shape (fp32, bf16 and fp16 autocast), the 2-layer 64-wide BERT, and the ~0.2B Llama-style decoder
+bert-base's shape (fp32, bf16 and fp16 autocast), the 2-layer 64-wide BERT, and the 0.48B Llama-style decoder
 of gpu_check.py, random weights, 32 x 128 tokens, fused AdamW, clipping. `kernel_ms` sums the profiler's CUDA
 events, which include the optimizer's GPU annotation range (`Optimizer.step#AdamW.step`, listed in
-`top_kernels_ms`) beside its kernels. Figures of an H200: benchmarks/gpu_snapshots/h200_step_profile.json.
+`top_kernels_ms`) beside its kernels. Figures of an H200: benchmarks/gpu_snapshots/h200_step_profile.json
+(its decoder rows are named llama-0.2b there, the name the script gave it then; 477,374,464 parameters).
 """
 import json
 import statistics
@@ -26,7 +27,7 @@ TINY = dict(model_type="bert", hidden_size=64, num_hidden_layers=2, num_attentio
 LLAMA = dict(model_type="llama", hidden_size=2048, num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=4,
              intermediate_size=5632, vocab_size=30522)
 CASES = [("bert-base", BERT, "fp32"), ("bert-base", BERT, "bf16-mixed"), ("bert-base", BERT, "fp16-mixed"),
-         ("tiny", TINY, "fp32"), ("tiny", TINY, "bf16-mixed"), ("llama-0.2b", LLAMA, "bf16-mixed")]
+         ("tiny", TINY, "fp32"), ("tiny", TINY, "bf16-mixed"), ("llama-0.48b", LLAMA, "bf16-mixed")]
 B, T = 32, 128
 
 
