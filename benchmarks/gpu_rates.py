@@ -12,39 +12,28 @@ Writes one JSON object to --out (or prints it). Without a GPU it says so and exi
 import argparse
 import json
 import platform
-import statistics
-import time
+import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 
-def _median_s(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
-    """Median seconds of fn over `repeats` timed calls, after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from memsweep.measure.peak import median_rate  # noqa: E402
 
 
 def matmul_tflops(torch, dtype, n: int, m: Optional[int] = None, k: Optional[int] = None) -> float:
     m, k = m or n, k or n
     a, b = torch.randn(n, k, device="cuda", dtype=dtype), torch.randn(k, m, device="cuda", dtype=dtype)
     # ten products per synchronisation: a small one's launch and the round trip are not its time
-    seconds = _median_s(lambda: [torch.mm(a, b) for _ in range(10)], 20, torch.cuda.synchronize) / 10
-    return 2 * n * m * k / seconds / 1e12
+    return median_rate(lambda: [torch.mm(a, b) for _ in range(10)], 10 * 2 * n * m * k, 0.5,
+                       torch.cuda.synchronize) / 1e12
 
 
 def copy_gbs(torch, nbytes: int = 2**31) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    seconds = _median_s(lambda: dst.copy_(src), 20, torch.cuda.synchronize)
-    return 2 * nbytes / seconds / 1e9  # read and written
+    return median_rate(lambda: dst.copy_(src), 2 * nbytes, 0.5, torch.cuda.synchronize) / 1e9  # read and written
 
 
 def dispatch_us(torch, ops: int = 5000) -> dict:
@@ -53,7 +42,7 @@ def dispatch_us(torch, ops: int = 5000) -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     x = torch.zeros(1, device="cuda")
-    bare = _median_s(lambda: [x.add_(1.0) for _ in range(ops)], 5, torch.cuda.synchronize) / ops
+    bare = 1 / median_rate(lambda: [x.add_(1.0) for _ in range(ops)], ops, 0.5, torch.cuda.synchronize)
 
     mlp = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(8)]).cuda()
     data = torch.randn(4, 8, device="cuda")
@@ -70,7 +59,7 @@ def dispatch_us(torch, ops: int = 5000) -> dict:
 
     with Count():
         step()
-    per_step = _median_s(lambda: [step() for _ in range(50)], 5, torch.cuda.synchronize) / 50
+    per_step = 1 / median_rate(lambda: [step() for _ in range(50)], 50, 0.5, torch.cuda.synchronize)
     return {"aten_add_us": 1e6 * bare, "module_fwd_bwd_us_per_op": 1e6 * per_step / Count.n,
             "module_ops_per_step": Count.n}
 

@@ -9,14 +9,17 @@ import time
 import torch
 
 
-def median_rate(run, work: float, seconds: float) -> float:
-    """Median of work / time over about `seconds` of calls, after two warm-up calls."""
+def median_rate(run, work: float, seconds: float, sync=lambda: None) -> float:
+    """Median of work / time over about `seconds` of calls, after two warm-up calls; `sync` waits for the
+    device after each (torch.cuda.synchronize where the work runs on a GPU)."""
     for _ in range(2):
         run()
+    sync()
     rates, spent = [], 0.0
     while spent < seconds or len(rates) < 5:
         start = time.perf_counter()
         run()
+        sync()
         took = time.perf_counter() - start
         rates.append(work / took)
         spent += took

@@ -40,9 +40,11 @@ def from_twin(job: Config, profile: HardwareConf, memo: dict):
     if traced is None or not readable_on(traced, profile):
         return None
     ours, theirs = (p.value for p in (job.precision.name, twin.precision.name))
-    ops = [[phase, ours if key == theirs else key, *rest] for phase, key, *rest in traced["roofline_ops"]]
-    sequence = [(phase, ours if key == theirs else key, *rest)
-                for phase, key, *rest in traced.get("roofline_sequence") or []]
+    def relabel(phase, key, *rest) -> tuple:  # an op's record, timed at our dtype's rate
+        return (phase, ours if key == theirs else key, *rest)
+
+    ops = [list(relabel(*op)) for op in traced["roofline_ops"]]
+    sequence = [relabel(*op) for op in traced.get("roofline_sequence") or []]
     relabelled = {**traced, "roofline_ops": ops, "roofline_sequence": sequence, "twin": theirs}
     memo[device_key(job, profile)] = relabelled
     return assemble(job, profile, build_plan(job, profile), relabelled, started)
