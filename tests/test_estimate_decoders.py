@@ -92,6 +92,65 @@ def test_gpu_profile_kernels():
             assert gpu["peak_allocated_bytes"] >= gpu["peak_bytes"] + 2 * 8_519_680
 
 
+def saved_bytes_per_element(fn, x, cuda: bool) -> float:
+    """Bytes autograd saves for backward per element of `x` when `fn` runs under the trace's bf16 CPU autocast,
+    with CUDA autocast's float32 ops (`cuda`) or the CPU's own policy."""
+    import contextlib
+
+    import torch
+
+    from memsweep.estimate import fake
+
+    saved = []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t))
+        if cuda:
+            stack.enter_context(fake.CudaAutocast())
+        fn(x)
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in saved}.values()) / x.numel()
+
+
+def test_a_gpu_profile_runs_cuda_autocasts_float32_ops():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers.activations import NewGELUActivation
+
+    from memsweep.estimate import fake
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names += [func.__name__] if func.namespace == "aten" else []
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode():
+        x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
+        half = torch.randn(8, 64, dtype=torch.float16)
+        # GPT-2's gelu_new: pow(x, 3) runs on an fp32 copy of x on a GPU, and keeps it; so tanh's output and the
+        # factor made of it are fp32 too (4 bytes each; 2 on the CPU), beside 0.5 * x in bf16
+        assert saved_bytes_per_element(NewGELUActivation(), x, cuda=False) == 2 + 2 + 2 + 2
+        assert saved_bytes_per_element(NewGELUActivation(), x, cuda=True) == 4 + 4 + 2 + 4
+        with torch.autocast("cpu", dtype=torch.bfloat16), fake.CudaAutocast():
+            assert torch.softmax(x, -1).dtype == torch.float32 and x.softmax(-1, dtype=torch.bfloat16).dtype == x.dtype
+            assert torch.nn.functional.layer_norm(x, (64,)).dtype == torch.float32
+            with Ops() as ops:  # a half softmax reads fp16 and writes fp32 (ATen's half_to_float), bf16 is copied first
+                assert torch.nn.functional.softmax(half, dim=-1).dtype == torch.float32
+            assert ops.names == ["_softmax.default"]
+            plain = x.detach()
+            with Ops() as ops:
+                torch.softmax(plain, -1)
+            assert ops.names == ["_to_copy.default", "_softmax.default"]
+            with torch.autocast("cpu", enabled=False):  # where a model turns autocast off, nothing changes
+                assert torch.softmax(x, -1).dtype == torch.bfloat16
+        with fake.CudaAutocast():
+            assert torch.softmax(x, -1).dtype == torch.bfloat16
+
+
 def test_classification_on_a_decoder():
     for model in ("tiny-llama", "tiny-gpt2"):
         for overrides in (["precision=fp32", "lora=none"], ["precision=bf16", "lora=r8", "checkpointing=full"]):

@@ -1,7 +1,7 @@
 """The trace's world: the job's meta model on fake tensors (torch's FakeTensorMode: shapes and dtypes, no
 storage), autocast as Accelerate applies it, and where a GPU runs other code than the CPU the GPU's,
-on CPU fake tensors: its dropout and attention kernels, bitsandbytes' LLM.int8 matmul, and the host
-copies of activation offload.
+on CPU fake tensors: its dropout and attention kernels, its autocast's float32 ops, bitsandbytes' LLM.int8
+matmul, and the host copies of activation offload.
 """
 import contextlib
 import logging
@@ -67,6 +67,51 @@ def cuda_kernels():
         yield
     finally:
         F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+
+
+# CUDA autocast runs these in float32 where CPU autocast leaves them in the input's 16-bit dtype (PyTorch's AMP
+# reference, "CUDA Ops that can autocast to float32", and aten/src/ATen/autocast_mode.h: AT_FORALL_FP32 and
+# AT_FORALL_FP32_SET_OPT_DTYPE; the CPU's lists hold neither softmax nor layer_norm): an eager attention's
+# probabilities are float32 on a GPU, twice their 16-bit bytes, and so is what dropout makes of them.
+CUDA_FP32_CAST = frozenset({
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow", "__pow__", "__rpow__", "__rtruediv__", "__rdiv__", "softplus", "layer_norm", "group_norm",
+    "cosine_similarity", "dist", "pdist", "cdist", "renorm", "logsumexp", "normalize"})
+CUDA_FP32_OUTPUT = frozenset({"softmax", "log_softmax", "softmin", "cumsum", "cumprod", "prod", "sum"})
+CUDA_FP32 = CUDA_FP32_CAST | CUDA_FP32_OUTPUT
+
+
+class CudaAutocast(torch.overrides.TorchFunctionMode):
+    """CUDA autocast's float32 ops on the trace's CPU autocast: where the trace's autocast is on, the ops
+    above run as CUDA's runs them. Cast ones get float32 copies of their 16-bit floating inputs
+    (`cached_cast`); output ones run with dtype=float32 unless the call names a dtype (`set_opt_dtype`), a
+    half softmax or log-softmax without a copy, as ATen's SoftMax.cpp does for a CUDA half input
+    (`half_to_float`; a bfloat16 input is copied to float32 first). Out= and in-place calls are not
+    autocast, as on a GPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name not in CUDA_FP32 or "out" in kwargs or not torch.is_autocast_enabled("cpu"):
+            return func(*args, **kwargs)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
+        if not isinstance(first, torch.Tensor):
+            return func(*args, **kwargs)
+        low = (torch.float16, torch.bfloat16)
+        with torch.autocast("cpu", enabled=False):
+            if name in CUDA_FP32_CAST:
+                cast = [a.float() if isinstance(a, torch.Tensor) and a.dtype in low else a for a in args]
+                return func(*cast, **{k: v.float() if isinstance(v, torch.Tensor) and v.dtype in low else v
+                                      for k, v in kwargs.items()})
+            named = kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in args)
+            if first.dtype not in low or named:
+                return func(*args, **kwargs)
+            if name in ("softmax", "log_softmax") and first.dtype == torch.float16:
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                if isinstance(dim, int):
+                    aten = torch.ops.aten._softmax if name == "softmax" else torch.ops.aten._log_softmax
+                    return aten(first, dim, True)
+            return func(*args, **{**kwargs, "dtype": torch.float32})
 
 
 @contextlib.contextmanager
@@ -152,6 +197,7 @@ def on_fake_tensors(model, plan, profile: HardwareConf):
     with torch.random.fork_rng(), fake_mode, contextlib.ExitStack() as kernels:
         if profile.device == "cuda":
             kernels.enter_context(cuda_kernels())
+            kernels.enter_context(CudaAutocast())
             kernels.enter_context(gpu_int8_matmul())
         if is_sharded:
             # to_empty makes plain tensors of the unsharded 4-bit weights (sharded.py leaves them whole):
