@@ -39,6 +39,12 @@ mechanism with its source and what it applies to, and a table that states neithe
   reduce_dtype=fp32)`, its `mixed_precision_reduce` default), where Accelerate's bf16 policy reduces in bf16:
   each unit's reduce-scatter input is the unit's gradients cast to fp32 (FSDP2's foreach_reduce). A table
   whose precision states `reduce_dtype fp32` is estimated with that policy.
+- transformers 4.x's DistilBERT attention (`MultiHeadSelfAttention.forward`, e.g. at 4.28.1 and 4.31.0.dev0)
+  divided the query by sqrt(head dim), masked the scores in their own dtype (`scores.masked_fill(mask,
+  finfo(scores.dtype).min)`) and took their softmax; the installed one scales the scores and adds an fp32 mask,
+  which makes them fp32. On a GPU under autocast the 4.x scores stay 16-bit up to the softmax, which CUDA's
+  autocast runs in fp32: from an fp16 input directly, from a bf16 one through an fp32 copy (ATen's SoftMax.cpp).
+  A table stating a transformers 4.x release with DistilBERT is estimated with that attention.
 - lit-gpt's code where memsweep runs transformers' and peft's (its loss, its attention and LoRA padding, its
   RMSNorm) is litgpt.py's, applied where a table states lit-gpt's commit or its loss.
 """
@@ -58,6 +64,7 @@ TORCH = re.compile(r"\b(?:py)?torch[ =]+(\d+)\.(\d+)\.(\d+)(?:\.dev(\d{8}))?", r
 # nightly dated before keeps two lists; the 2.1.0 release (October 2023) and later keep one
 FOREACH_ADAM_ONE_INTERMEDIATE = (2, 1, "20230710")
 BITSANDBYTES = re.compile(r"\bbitsandbytes[ =]+(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
+TRANSFORMERS_4 = re.compile(r"\btransformers[ =]+4\.\d+", re.IGNORECASE)
 LITGPT = re.compile(r"\blit-gpt commit [0-9a-f]{7,40}", re.IGNORECASE)  # whose code litgpt.py reads
 # "torchtune at commit ff594c2... (2024-04-15)": the commit's date, which the held logits are judged by
 TORCHTUNE = re.compile(r"\btorchtune at commit [0-9a-f]{7,40} \((\d{4}-\d{2}-\d{2})\)", re.IGNORECASE)
@@ -73,6 +80,7 @@ ZERO_GRAD_AFTER_FORWARD = "the script's zero_grad after the forward: the last st
 TORCHTUNE_LOGITS = ("torchtune's recipe before PR #1235: its fp32 shifted logits held through the backward "
                     "(`logits` still bound)")
 FP32_REDUCE = "FSDP2 reducing gradients in fp32 (torchtitan's MixedPrecisionPolicy)"
+DISTILBERT_MASKED_FILL = "transformers 4.x DistilBERT attention: the scores masked in their own dtype (masked_fill)"
 
 
 def fields(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -124,6 +132,7 @@ def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> 
     fsdp1 = "FSDPStrategy" in stated
     given = fields(table, row)
     litgpt_code = LITGPT.search(stated) is not None
+    distilbert_4 = TRANSFORMERS_4.search(stated) is not None and "distilbert" in str(given.get("model"))
     return ([FOREACH_ADAM] if foreach_adam_holds_denom(torch_version) else []) + (
         [BNB_KEEPS_INPUT] if bnb and tuple(map(int, bnb.groups())) < BNB_DROPS_INPUT else []) + (
         [FSDP1_FLAT] if fsdp1 else []) + (
@@ -131,6 +140,7 @@ def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> 
         [ZERO_GRAD_AFTER_FORWARD] if given.get("zero_grad") == "after the forward" else []) + (
         [TORCHTUNE_LOGITS] if holds_logits(stated) else []) + (
         [FP32_REDUCE] if "reduce_dtype fp32" in stated else []) + (
+        [DISTILBERT_MASKED_FILL] if distilbert_4 else []) + (
         [litgpt.LOSS] if "chunked_cross_entropy" in stated else []) + (
         [litgpt.ATTENTION] if litgpt_code else []) + (
         [litgpt.RMSNORM] if litgpt_code and "llama" in str(given.get("model")).lower() else [])
@@ -160,6 +170,31 @@ def stepping_as(names: list[str]) -> Iterator[None]:
             stack.enter_context(fp32_reduce())
         if BNB_KEEPS_INPUT in names:
             stack.enter_context(matmul_4bit_keeps_input())
+        if DISTILBERT_MASKED_FILL in names:
+            stack.enter_context(distilbert_masked_fill())
+        yield
+
+
+@contextlib.contextmanager
+def distilbert_masked_fill() -> Iterator[None]:
+    """DistilBERT's eager attention as transformers 4.x wrote it (see the module), on the installed model's mask:
+    0 where a key is attended, the dtype's minimum where it is masked."""
+    import math
+
+    import torch
+    from transformers.models.distilbert import modeling_distilbert
+
+    def masked_fill(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        query = query / math.sqrt(query.size(-1))
+        scores = torch.matmul(query, key.transpose(2, 3))
+        if attention_mask is not None:
+            masked = (attention_mask[:, :, :1, :] < 0).expand_as(scores)
+            scores = scores.masked_fill(masked, torch.tensor(torch.finfo(scores.dtype).min))
+        weights = torch.nn.functional.softmax(scores, dim=-1)
+        weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    with patched([(modeling_distilbert, "eager_attention_forward", masked_fill)]):
         yield
 
 

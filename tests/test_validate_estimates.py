@@ -391,3 +391,22 @@ def test_torchtunes_april_2024_recipe_holds_its_fp32_logits_through_the_backward
     # of 2 x 63 tokens over tiny-llama's 30,522 words (less what transformers' own loss had there instead)
     shifted = 2 * 63 * 30522 * 4
     assert 0.9 * shifted <= held["peak_allocated_bytes"] - now["peak_allocated_bytes"] <= shifted
+
+
+def test_distilbert_on_transformers_4_masks_its_scores_in_their_own_dtype():
+    import older_libraries as older
+
+    distilbert, rows = table_and_rows("rasbt_distilbert_imdb_precision")  # states transformers 4.28.1
+    assert all(older.DISTILBERT_MASKED_FILL in older.adjustments(distilbert, row) for row in rows.values())
+    bigbird, rows = table_and_rows("rasbt_distilbert_bigbird_imdb_4gpu")  # states no transformers
+    assert not any(older.DISTILBERT_MASKED_FILL in older.adjustments(bigbird, row) for row in rows.values())
+    job = ["model=distilbert", "hardware=a100_40gb", "batch_size=4", "max_seq_len=256", "optim=adamw_torch",
+           "attention=eager", "model.num_layers=2"]
+    cache = {}
+    now, then = ({p: ve.estimate(job + [f"precision={p}"], cache, names)["predicted_step_s"] for p in ("fp16", "bf16")}
+                 for names in ((), (older.DISTILBERT_MASKED_FILL,)))
+    # The installed attention adds an fp32 mask to the scores: fp16 and bf16 step alike but for fp16's loss scaling.
+    # 4.x's keeps them 16-bit up to the softmax, which CUDA's autocast runs from fp16 directly and from bf16
+    # through an fp32 copy: a pass over every score more, so bf16 is the slower
+    assert now["bf16"] <= now["fp16"]
+    assert then["bf16"] > then["fp16"]
