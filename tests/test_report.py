@@ -23,8 +23,8 @@ GRID = ["precision=fp32,bf16", "optim=adamw,sgd,adafactor", "model=tiny"]
 
 def ok_results(overrides, peak_gib, train_s, f1, predicted_gib=None):
     res = results.Result.start(overrides, "0123456789abcdef").to_dict()
-    if predicted_gib is not None:  # what job.py stores before training (measure.estimate)
-        res["estimate"] = {"method": "trace", "peak_bytes": int(predicted_gib * GIB)}
+    if predicted_gib is not None:  # what job.py stores before training (measure.estimate): 10 % slower steps
+        res["estimate"] = {"method": "trace", "peak_bytes": int(predicted_gib * GIB), "predicted_step_s": train_s / 90}
     peak = int(peak_gib * GIB)
     # the breakdown at the peak sums to the peak: params 1/4, grads 1/4, optimizer 1/4, rest split
     quarter = peak // 4
@@ -33,7 +33,8 @@ def ok_results(overrides, peak_gib, train_s, f1, predicted_gib=None):
     breakdown["other"] = peak - sum(breakdown.values())
     res.update(status="ok", reason=None)
     res["metrics"].update(f1=f1, accuracy=0.9, train_loss=0.3, eval_loss=0.4)
-    res["time"].update(train_s=train_s, total_s=train_s + 5, samples_per_s=1000 / train_s, tokens_per_s=9.0)
+    res["time"].update(train_s=train_s, total_s=train_s + 5, samples_per_s=1000 / train_s, tokens_per_s=9.0,
+                       step_s_median=train_s / 100)
     res["memory"].update(peak_bytes=peak, params_bytes=quarter, grads_bytes=quarter, optimizer_bytes=quarter,
                          activations_bytes=quarter, peak_breakdown=breakdown, device="cpu")
     res["data"] = {"train_examples": 1000, "labels": ["negative", "positive"]}
@@ -119,14 +120,16 @@ def test_the_human_table_compares_each_job_with_the_baseline(sweep):
     header = next(line for line in table if line.startswith("| #"))
     assert [c.strip() for c in header.strip("|").split("|")] == [
         "#", "precision", "optim", "status", "peak GiB", "params", "grads", "optimizer", "activations", "other",
-        "predicted GiB", "error", "Δ memory", "speed-up", "train s", "samples/s", "F1"]
+        "predicted GiB", "error", "Δ memory", "speed-up", "train s", "samples/s", "ms/step", "predicted ms/step",
+        "time error", "F1"]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in table if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
     assert rows["0"][3:] == ["ok", "1.000", "0.250", "0.250", "0.250", "0.125", "0.125", "1.050", "+5.0 %",
-                             "baseline", "1.00×", "100.0", "10.0", "0.850"]
+                             "baseline", "1.00×", "100.0", "10.0", "1000.0", "1111.1", "+11.1 %", "0.850"]
     assert rows["1"][10:14] == ["–", "–", "-25.0 %", "2.00×"]  # no estimate stored: nothing invented
+    assert rows["1"][16:19] == ["500.0", "–", "–"]
     assert rows["2"][12:14] == ["-50.0 %", "0.50×"]
-    assert rows["3"][3:] == ["oom"] + ["–"] * 13
+    assert rows["3"][3:] == ["oom"] + ["–"] * 16
 
 
 def test_baseline_by_job_number_or_by_overrides(sweep):

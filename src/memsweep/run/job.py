@@ -225,6 +225,9 @@ def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
             error = predicted["estimate_error_pct"]
             lines.append(f"  predicted peak {_mib(predicted['estimate_peak_bytes'])} ({predicted['estimate_method']})"
                          + ("" if error is None else f", {error:+.1f} % vs measured"))
+        if predicted["step_time_error_pct"] is not None:
+            lines.append(f"  predicted step {1e3 * predicted['predicted_step_s']:.1f} ms, measured median "
+                         f"{1e3 * predicted['measured_step_s']:.1f} ms ({predicted['step_time_error_pct']:+.1f} %)")
         tokens = f"{t.tokens_per_s:.0f} tokens/s; " if t.tokens_per_s else ""  # images count no tokens
         lines.append(f"  train {t.train_s:.1f} s, {t.samples_per_s:.1f} samples/s, {tokens}total {t.total_s:.1f} s")
     lines += shapes.lines(res.shape_advice) if advice else []

@@ -184,15 +184,18 @@ def flatten(results: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def estimate_vs_measured(res: dict[str, Any]) -> dict[str, Any]:
-    """Predicted vs measured peak of a real job (the sweep summary's columns): the estimate's peak and
-    the trace's own (the nearest job's, for an adjusted trace), each one's error in % of memory.peak_bytes."""
+    """Predicted vs measured of a real job (the sweep summary's columns): the estimate's peak and the trace's
+    own (the nearest job's, for an adjusted trace), each one's error in % of memory.peak_bytes; and the
+    predicted step time against the measured median step (time.step_s_median), its error in %."""
     est = res.get("estimate") or {}
-    measured = (res.get("memory") or {}).get("peak_bytes")
+    measured, step_s = (res.get("memory") or {}).get("peak_bytes"), (res.get("time") or {}).get("step_s_median")
 
-    def err(pred):
-        return None if not pred or not measured else round(100 * (pred - measured) / measured, 2)
+    def err(pred, real=measured):
+        return None if not pred or not real else round(100 * (pred - real) / real, 2)
 
     trace_peak = (est.get("trace") or {}).get("peak_bytes")
     return {"measured_peak_bytes": measured, "estimate_peak_bytes": est.get("peak_bytes"),
             "estimate_method": est.get("method"), "estimate_error_pct": err(est.get("peak_bytes")),
-            "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak)}
+            "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak),
+            "measured_step_s": step_s, "predicted_step_s": est.get("predicted_step_s"),
+            "step_time_error_pct": err(est.get("predicted_step_s"), step_s)}

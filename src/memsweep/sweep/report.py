@@ -103,7 +103,9 @@ def human_table(jobs: list[SweepJob], baseline: SweepJob, varying: list[str]) ->
         predicted = results.estimate_vs_measured(job.res) if job.ok else {}
         predicted_peak = predicted.get("estimate_peak_bytes")
         row.update(predicted_gib=predicted_peak / GIB if predicted_peak else None,
-                   predicted_error_pct=predicted.get("estimate_error_pct"))
+                   predicted_error_pct=predicted.get("estimate_error_pct"), step_s=predicted.get("measured_step_s"),
+                   predicted_step_s=predicted.get("predicted_step_s"),
+                   step_error_pct=predicted.get("step_time_error_pct"))
         row["delta_memory_pct"] = 100 * (peak - base_peak) / base_peak if peak and base_peak else None
         row["speedup"] = base_train / train_s if train_s and base_train else None
         row.update(train_s=train_s, samples_per_s=job.get("time.samples_per_s") if job.ok else None,
@@ -148,6 +150,9 @@ def shown_columns(t: pd.DataFrame, baseline: SweepJob, varying: list[str], shape
     shown["speed-up"] = [_fmt(v, ".2f", "×") for v in t["speedup"]]
     shown["train s"] = [_fmt(v, ".1f") for v in t["train_s"]]
     shown["samples/s"] = [_fmt(v, ".1f") for v in t["samples_per_s"]]
+    shown["ms/step"] = [_fmt(1e3 * v if v else None, ".1f") for v in t["step_s"]]
+    shown["predicted ms/step"] = [_fmt(1e3 * v if v else None, ".1f") for v in t["predicted_step_s"]]
+    shown["time error"] = [_fmt(v, "+.1f", " %") for v in t["step_error_pct"]]
     # quality: macro-F1 for classification, perplexity for causal_lm (a sweep may hold both)
     if t["f1"].notna().any() or t["perplexity"].isna().all():
         shown["F1"] = [_fmt(v, ".3f") for v in t["f1"]]
@@ -176,8 +181,9 @@ def markdown(summary_table: pd.DataFrame, jobs: list[SweepJob], baseline: SweepJ
               "the counter torch.cuda.max_memory_allocated is on a GPU; other = buffers + temporaries. "
               "Predicted = the estimator's peak on the same counter, made before the job ran (error vs the "
               "measured peak). On a GPU summary.csv also holds the reserved and nvidia-smi used figures, "
-              "measured (memory.*) and predicted (estimate.*). Δ memory and speed-up (train time) are "
-              "against the baseline.", ""]
+              "measured (memory.*) and predicted (estimate.*). ms/step is the measured median optimizer step "
+              "(warm-up and ledger steps left out), predicted ms/step the estimate's, made before the job ran "
+              "(time error vs measured). Δ memory and speed-up (train time) are against the baseline.", ""]
     lines += [shown.to_markdown(index=False, disable_numparse=True), ""]
     not_ok = [j for j in jobs if not j.ok]
     if not_ok:
