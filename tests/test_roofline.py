@@ -133,7 +133,19 @@ def test_a_gpu_profiles_datasheet_rates_are_taken_at_the_ceilings_measured_on_a_
     assert gpu.memory_bytes_s == pytest.approx(1555e9 * roofline.MEMORY_CEILING)
     assert gpu.host_s_per_op == roofline.HOST_S_PER_OP and "H200" in gpu.source
     cpu = roofline.rates_of(load_profile("cpu"), "fp32")
-    assert cpu.host_s_per_op == cpu.host_s_per_step_op == 0.0 and "measured" in cpu.source
+    assert "measured" in cpu.source and cpu.serial and not gpu.serial
+    # this CPU's own cost of an op beyond its work: a model's op (Python modules, autograd) above a bare call
+    assert cpu.host_s_per_op > cpu.host_s_per_step_op > 0
+
+
+def test_on_a_cpu_each_op_is_called_then_run_by_the_same_thread():
+    job = job_of(["model=tiny", "batch_size=8", "max_seq_len=16", "accumulation=x4"])
+    t = estimate_job(*job).step_time
+    # a tiny step is mostly calls: four micro-batches' ops and the optimizer's loop, each at this CPU's measured cost
+    rates = roofline.rates_of(job[1], "fp32")
+    assert t["dispatch_s"] == pytest.approx(4 * t["ops_per_micro_batch"] * rates.host_s_per_op
+                                            + t["ops_in_optimizer_step"] * rates.host_s_per_step_op)
+    assert t["step_s"] == pytest.approx(t["device_s"] + t["dispatch_s"]) and t["dispatch_s"] > t["device_s"]
 
 
 @pytest.mark.slow
@@ -164,3 +176,20 @@ def test_the_trace_counts_the_flops_flop_counter_mode_counts():
         step.training_step(model, None, [step.fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)],
                            plan)
     assert est.flops_per_step == counter.get_total_flops() * plan.accumulation_steps > 0
+
+
+def test_a_cpus_dropout_takes_its_random_draws_at_the_rate_this_cpu_draws_them():
+    overrides = ["model=tiny", "batch_size=8", "max_seq_len=32"]
+    memos = {"cpu": {}, "a100_40gb": {}}
+    cpu, _ = (estimate_job(*job_of(overrides + [f"hardware={h}"]), memos[h]) for h in memos)
+    records = {h: next(iter(memo.values()))["roofline_ops"] for h, memo in memos.items()}
+    draws = [op for op in records["cpu"] if op[1] == roofline.RANDOM]
+    # a CPU's dropout draws one number per element of its mask (bernoulli_); a GPU's kernel (native_dropout) does
+    # not count as draws
+    assert draws and not any(op[1] == roofline.RANDOM for op in records["a100_40gb"])
+    assert cpu.flops_per_step == roofline.micro_batch_flops(records["cpu"])  # draws are no FLOPs
+    assert cpu.flops_per_step < roofline.micro_batch_flops([[*op[:1], "fp32", *op[2:]] for op in records["cpu"]])
+    rates = roofline.rates_of(load_profile("cpu"), "fp32")
+    _, key, n, moved, _ = draws[0]
+    assert roofline.op_s(key, n, moved, rates)[0] == pytest.approx(n / rates.random_per_s)
+    assert n / rates.random_per_s > moved / rates.memory_bytes_s  # drawing, not moving the bytes, is the wait

@@ -24,7 +24,12 @@ The host launches, the GPU runs each op once launched and after the one before (
 small ops waits on the host (bert-base bf16 at 32 x 128 tokens in a plain loop: 11.1 ms of kernels in a
 52-55 ms step), one of large matmuls on the GPU (fp32: 56.4 ms of kernels in a 57.5-59.2 ms step).
 A CPU profile's rates are measured on this CPU at start-up: no ceiling applies, and the ops run on the
-host itself (no separate dispatch floor).
+thread that calls them, so a CPU step is each op's call and then its work, one after the other. An op's
+call costs what this CPU measured (measure/peak.py): a model's op the time of a tiny BERT's forward and
+backward (1 x 8 tokens, next to no work) over its ops, an optimizer's op a bare call from a Python loop.
+And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
+bytes: those ops take their draws at the rate this CPU draws them (measured); a GPU's dropout kernel draws
+in registers (Philox) and stays bound by its bytes.
 
 What the sum holds, because it is the step the memory trace runs: forward, backward with checkpointing's
 recomputed forward, gradient clipping, the optimizer step (memory-bound: it reads and writes every state
@@ -58,6 +63,7 @@ HOST_S_PER_OP = 42e-6
 HOST_S_PER_STEP_OP = 6.7e-6
 KERNEL_MIN_S = 3e-6
 PHASES = ("forward", "backward", "step")
+RANDOM = "random"  # an op's record whose count is random numbers drawn, not FLOPs
 FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
@@ -71,6 +77,8 @@ class Rates:
     host_s_per_op: float = 0.0  # the host's dispatch of one forward or backward op, which the GPU cannot run ahead of
     host_s_per_step_op: float = 0.0  # ... of one op of the optimizer's step (a plain call from a Python loop)
     kernel_min_s: float = 0.0  # the shortest a GPU kernel takes, whatever its FLOPs and bytes
+    random_per_s: float = 0.0  # random numbers drawn per second; 0: drawing is never what an op waits for
+    serial: bool = False  # the ops run on the thread that calls them (a CPU): each op's call, then its work
 
 
 class Roofline(RuntimeEstimator):
@@ -95,20 +103,20 @@ class Roofline(RuntimeEstimator):
     def op_cost(self, func, args, kwargs):
         """(the op's output, 0 ms): RuntimeEstimator's estimator interface; the cost is recorded, timed later."""
         import torch.utils._pytree as pytree
-        from torch.utils._runtime_estimation import _IGNORE_OPS, get_num_bytes
+        from torch.utils._runtime_estimation import get_num_bytes
         from torch.utils.flop_counter import flop_registry
 
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        # prim ops (prim.device, prim.layout) are the dispatcher asking a tensor subclass (here the fake tensors)
-        # for its metadata; a real tensor reads a field: no kernel, no bytes (counted, each read the whole tensor)
-        if packet in _IGNORE_OPS or func.namespace == "prim":
+        if not launches(func):
             return out, 0.0
         moved = sum(get_num_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         flops, key = 0, "-"
         if packet in flop_registry:
             flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(args)
+        elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):  # CPU dropout's mask: one draw each
+            flops, key = out.numel(), RANDOM
         self.ops[(self.phase, key, flops, int(moved))] += 1
         self.sequence.append((self.phase, key, flops, int(moved)))
         return out, 0.0
@@ -126,6 +134,15 @@ class Roofline(RuntimeEstimator):
     def __exit__(self, *args) -> None:
         # RuntimeEstimator's own __exit__ prints its total; the estimate reports it instead
         TorchDispatchMode.__exit__(self, *args)
+
+
+def launches(func) -> bool:
+    """Whether an ATen op runs work of its own: not a view or a creation (torch's `_IGNORE_OPS`), nor a prim op
+    (prim.device, prim.layout: the dispatcher asking a tensor subclass, here the fake tensors, for its metadata;
+    a real tensor reads a field: no kernel, no bytes)."""
+    from torch.utils._runtime_estimation import _IGNORE_OPS
+
+    return func._overloadpacket not in _IGNORE_OPS and func.namespace != "prim"
 
 
 def dtype_key(args) -> str:
@@ -155,15 +172,17 @@ def reading(roofline: Roofline) -> list:
 def micro_batch_flops(ops: list) -> int:
     """The FLOPs of one micro-batch's forward and backward in the record: each op's by
     torch.utils.flop_counter's formulas, as FlopCounterMode counts them (the optimizer step's ops have none)."""
-    return sum(flops * n for phase, _, flops, _, n in ops if phase != "step")
+    return sum(flops * n for phase, key, flops, _, n in ops if phase != "step" and key != RANDOM)
 
 
 def op_s(key: str, flops: int, moved: int, rates: Rates) -> tuple[float, float, bool]:
     """(compute seconds, memory seconds, a rate missing) of one op; a GPU kernel takes at least KERNEL_MIN_S."""
+    memory_s = max(moved / rates.memory_bytes_s, rates.kernel_min_s)
+    if key == RANDOM:
+        return (flops / rates.random_per_s if rates.random_per_s else 0.0), memory_s, False
     key = rates.fp32_key if key == "fp32" else key
     rate = rates.flops.get(key) or (rates.flops.get("fp32") if key == "tf32" else None)
-    compute_s, memory_s = (flops / rate if flops and rate else 0.0), moved / rates.memory_bytes_s
-    return compute_s, max(memory_s, rates.kernel_min_s), bool(flops and not rate)
+    return (flops / rate if flops and rate else 0.0), memory_s, bool(flops and not rate)
 
 
 def seconds(ops: list, rates: Rates) -> dict:
@@ -209,21 +228,23 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
     on_gpu = profile.device == "cuda"
     flops = {k: v * 1e12 * (MATMUL_CEILING if on_gpu else 1.0) for k, v in profile.tflops.items()}
     memory, host, source = profile.memory_gbs, profile.host_link_gbs, "profile (datasheet)"
+    per_op, per_step_op, random_per_s = (HOST_S_PER_OP, HOST_S_PER_STEP_OP, 0.0) if on_gpu else (0.0, 0.0, 0.0)
     if on_gpu and memory:
         memory, source = memory * MEMORY_CEILING, "profile (datasheet) x the ceilings measured on an H200"
-    if profile.device == "cpu" and (not flops or memory is None):
+    if profile.device == "cpu":
         from ..measure import peak
 
-        measured = peak.cpu_rates()
-        flops, memory, host = {**measured["flops"], **flops}, memory or measured["memory_gbs"], None
-        source = f"this CPU, measured at start-up ({measured['threads']} threads)"
+        measured = peak.cpu_rates()  # what an op costs this CPU beyond its work, whatever the rates' source
+        per_op, per_step_op, random_per_s = measured["s_per_op"], measured["s_per_step_op"], measured["random_per_s"]
+        if not flops or memory is None:
+            flops, memory, host = {**measured["flops"], **flops}, memory or measured["memory_gbs"], None
+            source = f"this CPU, measured at start-up ({measured['threads']} threads)"
     if memory is None:
         return None
     return Rates(flops=flops, memory_bytes_s=memory * GB, host_bytes_s=host * GB if host else None,
                  fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source,
-                 host_s_per_op=HOST_S_PER_OP if on_gpu else 0.0,
-                 host_s_per_step_op=HOST_S_PER_STEP_OP if on_gpu else 0.0,
-                 kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0)
+                 host_s_per_op=per_op, host_s_per_step_op=per_step_op,
+                 kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0, serial=not on_gpu, random_per_s=random_per_s)
 
 
 def step_time(traced: dict, plan, profile) -> dict:
@@ -248,7 +269,10 @@ def step_time(traced: dict, plan, profile) -> dict:
     dispatch_s = (accumulation * ops * rates.host_s_per_op
                   + on_device * parts["ops"]["step"] * rates.host_s_per_step_op)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
-    queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
+    if rates.serial:
+        queue_s = device_s + dispatch_s
+    else:
+        queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
     out = {"step_s": queue_s + host_s, "forward_s": parts["forward"], "backward_s": parts["backward"],
            "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
            "device_s": device_s, "dispatch_s": dispatch_s, "idle_s": queue_s - device_s,  # waiting for launches

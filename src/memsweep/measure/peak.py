@@ -1,7 +1,8 @@
 """This CPU's peak rates, measured once per process: what the roofline (estimate/roofline.py) times a CPU
 step at, as `make bench` measures its matmul ceiling (benchmarks/hw_efficiency.py): a large square
-`torch.mm` per dtype, and a large copy for memory bandwidth. Measured at the thread count torch runs
-with, so a prediction and a job of the same process compare like with like."""
+`torch.mm` per dtype, a large copy for memory bandwidth, dropout's random draws (`bernoulli_`), and what
+an op costs beyond its work (a tiny model's step; a call from a Python loop). Measured at the thread count
+torch runs with, so a prediction and a job of the same process compare like with like."""
 import functools
 import statistics
 import time
@@ -37,13 +38,63 @@ def copy_bytes_s(numel: int = 2 ** 24, seconds: float = 0.5) -> float:
     return median_rate(lambda: dst.copy_(src), 2 * numel * 4, seconds)
 
 
+def seconds_per_op(seconds: float = 0.5) -> float:
+    """What an op of a model's forward or backward costs this CPU beyond its FLOPs and bytes (modules' Python,
+    autograd, the dispatcher, a kernel's set-up): a 2-layer, 32-wide BERT (transformers', as jobs run) at 1 x 8
+    tokens, whose ops do next to nothing, stepped forward and backward; its time over the ops the roofline
+    counts in it (roofline.launches)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from ..estimate.roofline import launches
+
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=16)
+    model = BertForSequenceClassification(config).train()
+    batch = {"input_ids": torch.ones(1, 8, dtype=torch.long), "labels": torch.zeros(1, dtype=torch.long)}
+
+    def step():
+        model(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += launches(func)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        step()
+    return 1 / median_rate(step, 1.0, seconds) / Count.ops
+
+
+def seconds_per_call(calls: int = 100, seconds: float = 0.2) -> float:
+    """What one op called from a Python loop (as an optimizer's step calls them) costs this CPU: an in-place add
+    on a one-element tensor."""
+    x = torch.zeros(1)
+
+    def chain():
+        for _ in range(calls):
+            x.add_(1.0)
+    return 1 / median_rate(chain, calls, seconds)
+
+
+def random_per_s(numel: int = 2 ** 22, seconds: float = 0.3) -> float:
+    """Random numbers this CPU draws per second as dropout draws its mask (`bernoulli_`, 16 MiB of them)."""
+    x = torch.empty(numel)
+    return median_rate(lambda: x.bernoulli_(0.9), numel, seconds)
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_rates() -> dict:
-    """FLOP/s for fp32 (and bf16 where it runs natively), memory GB/s, the thread count."""
+    """FLOP/s for fp32 (and bf16 where it runs natively), memory GB/s, the time per op beyond its work (of a
+    model's forward and backward, of an optimizer's loop), random draws per second, the thread count."""
     from ..config.hardware import cpu_native_precisions
 
     flops = {"fp32": matmul_flops(torch.float32)}
     bf16, _ = cpu_native_precisions()
     if bf16:
         flops["bf16"] = matmul_flops(torch.bfloat16)
-    return {"flops": flops, "memory_gbs": copy_bytes_s() / 1e9, "threads": torch.get_num_threads()}
+    return {"flops": flops, "memory_gbs": copy_bytes_s() / 1e9, "s_per_op": seconds_per_op(),
+            "s_per_step_op": seconds_per_call(), "random_per_s": random_per_s(), "threads": torch.get_num_threads()}
