@@ -91,3 +91,29 @@ def test_a_job_that_dies_in_the_ledger_step_leaves_the_process_clean(tiny_job, t
     built = build_job(TINY + ["max_steps=3"], tmp_path / "next")
     built.trainer.train()
     assert hooks_left(built.trainer.model) == {}
+
+
+def test_a_step_is_predicted_at_the_datas_typical_padded_length():
+    import random
+    import statistics
+
+    from memsweep.run.data import typical_padded_length
+
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 60) for _ in range(2000)]
+    # one example per step, in any order: the median example, as padded
+    assert typical_padded_length(lengths, 1, 1, None, False, 0) == round(statistics.median(lengths))
+    assert typical_padded_length(lengths, 1, 1, 64, False, 0) == 64
+    # a random batch of 32 is padded to nearly the longest; grouped by length (Trainer's sampler), far less
+    grouped, shuffled = (typical_padded_length(lengths, 32, 1, None, g, 0) for g in (True, False))
+    assert grouped < 0.7 * shuffled and shuffled >= statistics.quantiles(lengths, n=20)[-1]
+    # accumulated micro-batches of one: a step takes their mean
+    assert abs(typical_padded_length(lengths, 1, 32, None, False, 0) - statistics.mean(lengths)) < 3
+
+
+def test_a_job_of_short_examples_predicts_its_step_at_their_length_beside_the_longest(tiny_job):
+    res = tiny_job("max_steps=5", "max_seq_len=128")
+    at_data, est = res["estimate"]["at_data"], res["estimate"]
+    assert at_data["seq_len"] < 128 and 0 < at_data["step_s"] < est["predicted_step_s"]
+    from memsweep.run import results
+    assert results.estimate_vs_measured(res)["predicted_step_s"] == at_data["step_s"]

@@ -154,6 +154,20 @@ def for_job(job: Config, profile: HardwareConf) -> dict[str, Any]:
         return {"method": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}", "peak_bytes": None}
 
 
+def at_data_length(job: Config, profile: HardwareConf, seq_len: int) -> Optional[dict[str, Any]]:
+    """The predicted step time where the job's batches are padded to `seq_len` (its data's typical padded
+    length, run/data.typical_padded_length) instead of max_seq_len: the step the run mostly takes, where
+    the estimate's own step is the longest it can take. None where nothing shorter is to predict, or where
+    the estimate fails (a job must not fail because of it)."""
+    if seq_len >= job.max_seq_len:
+        return None
+    try:
+        est = estimate_job(dataclasses.replace(job, max_seq_len=seq_len), profile)
+    except Exception:  # noqa: BLE001
+        return None
+    return {"seq_len": seq_len, "step_s": est.predicted_step_s, "basis": "the data's typical padded length"}
+
+
 def run_estimate(job: Config, profile: HardwareConf, job_dir: Path, memo: Optional[dict] = None) -> dict[str, Any]:
     """mode=estimate for one job: check the rules (all but no-gpu: an estimate needs no GPU), estimate,
     write estimate.json, print a summary line. Raises Unsupported as rules.check does."""

@@ -55,6 +55,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.runtime_estimator import RuntimeEstimator
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..measure import peak
+
 GB = 1e9
 # What a CUDA card reaches of its datasheet, measured on an H200 (module docstring, benchmarks/GPU.md)
 MATMUL_CEILING = 0.76
@@ -109,7 +111,7 @@ class Roofline(RuntimeEstimator):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        if not launches(func):
+        if not peak.launches(func):
             return out, 0.0
         moved = sum(get_num_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         flops, key = 0, "-"
@@ -134,15 +136,6 @@ class Roofline(RuntimeEstimator):
     def __exit__(self, *args) -> None:
         # RuntimeEstimator's own __exit__ prints its total; the estimate reports it instead
         TorchDispatchMode.__exit__(self, *args)
-
-
-def launches(func) -> bool:
-    """Whether an ATen op runs work of its own: not a view or a creation (torch's `_IGNORE_OPS`), nor a prim op
-    (prim.device, prim.layout: the dispatcher asking a tensor subclass, here the fake tensors, for its metadata;
-    a real tensor reads a field: no kernel, no bytes)."""
-    from torch.utils._runtime_estimation import _IGNORE_OPS
-
-    return func._overloadpacket not in _IGNORE_OPS and func.namespace != "prim"
 
 
 def dtype_key(args) -> str:
@@ -232,8 +225,6 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
     if on_gpu and memory:
         memory, source = memory * MEMORY_CEILING, "profile (datasheet) x the ceilings measured on an H200"
     if profile.device == "cpu":
-        from ..measure import peak
-
         measured = peak.cpu_rates()  # what an op costs this CPU beyond its work, whatever the rates' source
         per_op, per_step_op, random_per_s = measured["s_per_op"], measured["s_per_step_op"], measured["random_per_s"]
         if not flops or memory is None:

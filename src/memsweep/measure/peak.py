@@ -38,15 +38,22 @@ def copy_bytes_s(numel: int = 2 ** 24, seconds: float = 0.5) -> float:
     return median_rate(lambda: dst.copy_(src), 2 * numel * 4, seconds)
 
 
+def launches(func) -> bool:
+    """Whether an ATen op runs work of its own, as the roofline counts ops (estimate/roofline.py): not a view or a
+    creation (torch's `_IGNORE_OPS`), nor a prim op (prim.device, prim.layout: the dispatcher asking a tensor
+    subclass, such as the trace's fake tensors, for its metadata; a real tensor reads a field)."""
+    from torch.utils._runtime_estimation import _IGNORE_OPS
+
+    return func._overloadpacket not in _IGNORE_OPS and func.namespace != "prim"
+
+
 def seconds_per_op(seconds: float = 0.5) -> float:
     """What an op of a model's forward or backward costs this CPU beyond its FLOPs and bytes (modules' Python,
     autograd, the dispatcher, a kernel's set-up): a 2-layer, 32-wide BERT (transformers', as jobs run) at 1 x 8
     tokens, whose ops do next to nothing, stepped forward and backward; its time over the ops the roofline
-    counts in it (roofline.launches)."""
+    counts in it (`launches`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import BertConfig, BertForSequenceClassification
-
-    from ..estimate.roofline import launches
 
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=16)
@@ -86,10 +93,15 @@ def random_per_s(numel: int = 2 ** 22, seconds: float = 0.3) -> float:
     return median_rate(lambda: x.bernoulli_(0.9), numel, seconds)
 
 
-@functools.lru_cache(maxsize=1)
 def cpu_rates() -> dict:
     """FLOP/s for fp32 (and bf16 where it runs natively), memory GB/s, the time per op beyond its work (of a
-    model's forward and backward, of an optimizer's loop), random draws per second, the thread count."""
+    model's forward and backward, of an optimizer's loop), random draws per second, the thread count: measured
+    once per thread count torch runs with."""
+    return measured_at(torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=4)
+def measured_at(threads: int) -> dict:
     from ..config.hardware import cpu_native_precisions
 
     flops = {"fp32": matmul_flops(torch.float32)}

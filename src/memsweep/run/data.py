@@ -10,6 +10,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 
@@ -214,4 +215,30 @@ def load(cfg: DataConf, seed: int, tokenizer, max_seq_len: int, labelled: bool =
     return data
 
 
-__all__ = ["TextData", "load", "load_frames", "tweets_path"]
+def typical_padded_length(lengths: list[int], micro_batch: int, accumulation: int, multiple: Optional[int],
+                          grouped: bool, seed: int, steps: Optional[int] = None,
+                          left_out: frozenset = frozenset()) -> int:
+    """The length an optimizer step's micro-batches are padded to, typically: over an epoch batched as the
+    Trainer's sampler batches it (transformers' length-grouped megabatches where `grouped`, the longest first;
+    else a random order), each micro-batch padded to its longest example (rounded up to `multiple`), the median
+    over the optimizer steps (the first `steps`, less the 1-based ones `left_out`, as the step timer leaves out
+    its warm-up and the ledger's step) of their micro-batches' mean length."""
+    import statistics
+
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    generator = torch.Generator().manual_seed(seed)
+    # Trainer groups by the optimizer step's examples (its LengthGroupedSampler's batch size)
+    order = (get_length_grouped_indices(lengths, micro_batch * accumulation, generator=generator) if grouped
+             else torch.randperm(len(lengths), generator=generator).tolist())
+    padded = []
+    for start in range(0, len(order), micro_batch):
+        longest = max(lengths[i] for i in order[start:start + micro_batch])
+        padded.append(-(-longest // multiple) * multiple if multiple else longest)
+    per_step = [statistics.mean(padded[i:i + accumulation]) for i in range(0, len(padded), accumulation)][:steps]
+    timed = [length for n, length in enumerate(per_step, 1) if n not in left_out] or per_step
+    return round(statistics.median(timed))
+
+
+__all__ = ["TextData", "load", "load_frames", "tweets_path", "typical_padded_length"]

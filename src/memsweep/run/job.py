@@ -126,10 +126,15 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
         from ..estimate.autofit import autofit_job
 
         job, res.effective["autofit"] = autofit_job(job, profile)
+    procenv.use_threads(job.threads)  # the estimate times the step at the thread count the job trains with
     if job.measure.estimate:  # predicted before training, compared with the measured peak after
         from ..estimate.core import for_job
 
         res.estimate = for_job(job, profile)
+        if res.estimate.get("predicted_step_s"):  # the step the data mostly makes, beside the longest
+            from .train_loop import typical_step
+
+            res.estimate["at_data"] = typical_step(job, profile)
     hardware.cap_memory(profile)
     if launch.spans_processes(job):  # torchrun or Slurm starts the ranks; global rank 0's results come back here
         launch.run_ranks(job, job_dir, res)
@@ -226,7 +231,9 @@ def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
             lines.append(f"  predicted peak {_mib(predicted['estimate_peak_bytes'])} ({predicted['estimate_method']})"
                          + ("" if error is None else f", {error:+.1f} % vs measured"))
         if predicted["step_time_error_pct"] is not None:
-            lines.append(f"  predicted step {1e3 * predicted['predicted_step_s']:.1f} ms, measured median "
+            at_data = (res.estimate or {}).get("at_data")
+            where = f" at the data's typical {at_data['seq_len']} tokens" if at_data else ""
+            lines.append(f"  predicted step {1e3 * predicted['predicted_step_s']:.1f} ms{where}, measured median "
                          f"{1e3 * predicted['measured_step_s']:.1f} ms ({predicted['step_time_error_pct']:+.1f} %)")
         tokens = f"{t.tokens_per_s:.0f} tokens/s; " if t.tokens_per_s else ""  # images count no tokens
         lines.append(f"  train {t.train_s:.1f} s, {t.samples_per_s:.1f} samples/s, {tokens}total {t.total_s:.1f} s")

@@ -26,6 +26,15 @@ def prepare() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+def use_threads(threads) -> None:
+    """The job's torch thread count (`threads`; none: torch's own), set before its estimate measures this CPU's
+    rates (measure/peak.py) and before it trains: both at the same count."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def settle_imports() -> None:
     """Move what is alive now (mostly the millions of objects torch, transformers and the rest made as they
     were imported) out of the cyclic collector's reach, once the job's libraries are loaded: the collections

@@ -186,7 +186,8 @@ def flatten(results: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def estimate_vs_measured(res: dict[str, Any]) -> dict[str, Any]:
     """Predicted vs measured of a real job (the sweep summary's columns): the estimate's peak and the trace's
     own (the nearest job's, for an adjusted trace), each one's error in % of memory.peak_bytes; and the
-    predicted step time against the measured median step (time.step_s_median), its error in %."""
+    predicted step time (at the data's typical padded length where the job predicted one) against the
+    measured median step (time.step_s_median), its error in %."""
     est = res.get("estimate") or {}
     measured, step_s = (res.get("memory") or {}).get("peak_bytes"), (res.get("time") or {}).get("step_s_median")
 
@@ -194,8 +195,10 @@ def estimate_vs_measured(res: dict[str, Any]) -> dict[str, Any]:
         return None if not pred or not real else round(100 * (pred - real) / real, 2)
 
     trace_peak = (est.get("trace") or {}).get("peak_bytes")
+    # the step at the data's typical padded length where the job measured one (train_loop.typical_step)
+    predicted_step = (est.get("at_data") or {}).get("step_s") or est.get("predicted_step_s")
     return {"measured_peak_bytes": measured, "estimate_peak_bytes": est.get("peak_bytes"),
             "estimate_method": est.get("method"), "estimate_error_pct": err(est.get("peak_bytes")),
             "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak),
-            "measured_step_s": step_s, "predicted_step_s": est.get("predicted_step_s"),
-            "step_time_error_pct": err(est.get("predicted_step_s"), step_s)}
+            "measured_step_s": step_s, "predicted_step_s": predicted_step,
+            "step_time_error_pct": err(predicted_step, step_s)}

@@ -81,6 +81,11 @@ def load_data(job: Config):
     return tokenizer, data_mod.load(job.data, job.seed, tokenizer, job.max_seq_len, labelled=task.labelled(job.task))
 
 
+def first_step_after_warmup(job: Config, steps: int) -> int:
+    """The optimizer step (1-based) the memory ledger is taken on, padded to max_seq_len: after the warm-up."""
+    return min(job.measure.warmup_steps + 1, steps)
+
+
 def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     """Tokenizer, data, model with every technique applied, and the Trainer that will run it."""
     procenv.prepare()
@@ -88,8 +93,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     display = progress.PhaseProgress(job.progress)
     if display.mode != Progress.bar:  # in a log, transformers' loading bars are carriage-return noise
         hf_logging.disable_progress_bar()
-    if job.threads:
-        torch.set_num_threads(job.threads)
+    procenv.use_threads(job.threads)
     if job.malloc_reuse:
         host_memory.keep_freed_memory()
     torch.manual_seed(job.seed)
@@ -103,7 +107,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
 
     steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
                             plan.world_size, job.epochs, job.max_steps)
-    ledger_step = min(job.measure.warmup_steps + 1, steps)
+    ledger_step = first_step_after_warmup(job, steps)
     # the tokens each example is: max_seq_len (the measured step is padded to it), or an image's patches
     seq_len = images.tokens(model.config) if task.images(job.task) else job.max_seq_len
     ledger = LedgerCallback(step=ledger_step, seq_len=seq_len, enabled=job.measure.ledger)
@@ -176,6 +180,25 @@ def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: R
     if run is not None:
         run.log({f"eval/{k}": getattr(res.metrics, k) for k in ("f1", "accuracy", "eval_loss", "perplexity")
                  if getattr(res.metrics, k) is not None})
+
+
+def typical_step(job: Config, profile: HardwareConf) -> dict | None:
+    """Before the job is built, the predicted step time where the batches are padded to the data's typical length
+    (the estimate's own step is padded to max_seq_len, the longest a step can be): what the measured median is.
+    None for images (every step the same). The tokenised data is kept for the job (data.load's cache)."""
+    from ..estimate.core import at_data_length
+
+    if task.images(job.task):
+        return None
+    plan, (_, data) = build_plan(job, profile), load_data(job)
+    lengths = [len(ids) for ids in data.train["input_ids"]]
+    steps = optimizer_steps(len(lengths), plan.micro_batch_size, plan.accumulation_steps, plan.world_size,
+                            job.epochs, job.max_steps)
+    ledger = {first_step_after_warmup(job, steps)} if job.measure.ledger else set()
+    typical = data_mod.typical_padded_length(lengths, plan.micro_batch_size, plan.accumulation_steps,
+                                             job.data.pad_to_multiple_of, plan.group_by_length, job.seed,
+                                             steps=steps, left_out=frozenset({1} | ledger))  # as StepTimer times
+    return at_data_length(job, profile, typical)
 
 
 def record_training(built: Built, out, profile: HardwareConf, res: Result) -> None:
