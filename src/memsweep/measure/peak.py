@@ -102,6 +102,7 @@ def cpu_rates() -> dict:
 
 @functools.lru_cache(maxsize=4)
 def measured_at(threads: int) -> dict:
+    """cpu_rates at `threads` (the key of the cache: torch runs at that count while they are measured)."""
     from ..config.hardware import cpu_native_precisions
 
     flops = {"fp32": matmul_flops(torch.float32)}

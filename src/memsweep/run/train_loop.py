@@ -190,7 +190,10 @@ def typical_step(job: Config, profile: HardwareConf) -> dict | None:
 
     if task.images(job.task):
         return None
-    plan, (_, data) = build_plan(job, profile), load_data(job)
+    try:
+        plan, (_, data) = build_plan(job, profile), load_data(job)
+    except Exception as exc:  # noqa: BLE001 - building the job says what is wrong with its data, in its own words
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     lengths = [len(ids) for ids in data.train["input_ids"]]
     steps = optimizer_steps(len(lengths), plan.micro_batch_size, plan.accumulation_steps, plan.world_size,
                             job.epochs, job.max_steps)
