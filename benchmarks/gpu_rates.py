@@ -19,7 +19,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 
-from memsweep.measure.peak import median_rate  # noqa: E402
+from memsweep.measure.peak import median_rate, ops_in  # noqa: E402
 
 
 def matmul_tflops(torch, dtype, n: int, m: Optional[int] = None, k: Optional[int] = None) -> float:
@@ -39,8 +39,6 @@ def copy_gbs(torch, nbytes: int = 2**31) -> float:
 def dispatch_us(torch, ops: int = 5000) -> dict:
     """Host microseconds per op: bare ATen adds, and a tiny MLP's forward + backward (ops counted by the
     profiler-free way: aten ops seen by a dispatch mode over one pass)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     x = torch.zeros(1, device="cuda")
     bare = 1 / median_rate(lambda: [x.add_(1.0) for _ in range(ops)], ops, 0.5, torch.cuda.synchronize)
 
@@ -50,18 +48,9 @@ def dispatch_us(torch, ops: int = 5000) -> dict:
     def step():
         mlp(data).sum().backward()
 
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        step()
+    ops = ops_in(step, counted=lambda func: True)  # every ATen op, as recorded in gpu_snapshots/h200_rates.json
     per_step = 1 / median_rate(lambda: [step() for _ in range(50)], 50, 0.5, torch.cuda.synchronize)
-    return {"aten_add_us": 1e6 * bare, "module_fwd_bwd_us_per_op": 1e6 * per_step / Count.n,
-            "module_ops_per_step": Count.n}
+    return {"aten_add_us": 1e6 * bare, "module_fwd_bwd_us_per_op": 1e6 * per_step / ops, "module_ops_per_step": ops}
 
 
 def measure() -> dict:

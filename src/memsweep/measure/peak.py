@@ -47,12 +47,27 @@ def launches(func) -> bool:
     return func._overloadpacket not in _IGNORE_OPS and func.namespace != "prim"
 
 
+def ops_in(call, counted=launches) -> int:
+    """How many ATen ops one `call()` dispatches (those `counted` counts: by default the roofline's)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += counted(func)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        call()
+    return Count.ops
+
+
 def seconds_per_op(seconds: float = 0.5) -> float:
     """What an op of a model's forward or backward costs this CPU beyond its FLOPs and bytes (modules' Python,
     autograd, the dispatcher, a kernel's set-up): a 2-layer, 32-wide BERT (transformers', as jobs run) at 1 x 8
     tokens, whose ops do next to nothing, stepped forward and backward; its time over the ops the roofline
     counts in it (`launches`)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -64,16 +79,7 @@ def seconds_per_op(seconds: float = 0.5) -> float:
         model(**batch).loss.backward()
         model.zero_grad(set_to_none=True)
 
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += launches(func)
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        step()
-    return 1 / median_rate(step, 1.0, seconds) / Count.ops
+    return 1 / median_rate(step, 1.0, seconds) / ops_in(step)
 
 
 def seconds_per_call(calls: int = 100, seconds: float = 0.2) -> float:

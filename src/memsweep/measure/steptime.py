@@ -23,12 +23,15 @@ def process_start_unix() -> Optional[float]:
         return None
 
 
+WARMUP_STEPS = 1  # the first optimizer steps, left out of the timing: they make the kernels' and allocator's state
+
+
 def _per_step(ends: list, skip: set[int], warmup: int) -> list:
     """Step k (k >= 2) is ends[k-1] - ends[k-2]; the first `warmup` steps and the steps in `skip` are left out."""
     return [ends[k - 1] - ends[k - 2] for k in range(max(2, warmup + 1), len(ends) + 1) if k not in skip]
 
 
-def step_summary(step_ends: list[float], skip: set[int], warmup: int = 1,
+def step_summary(step_ends: list[float], skip: set[int], warmup: int = WARMUP_STEPS,
                  faults: Optional[list[int]] = None) -> dict[str, Any]:
     """Median and count of step durations, steps numbered from 1, and (given the process's minor page
     fault count at each step end) the mean faults per step: they come in bursts, so a median hides them.
@@ -46,7 +49,7 @@ def step_summary(step_ends: list[float], skip: set[int], warmup: int = 1,
 
 
 class StepTimer(TrainerCallback):
-    def __init__(self, skip_steps: tuple[int, ...] = (), warmup: int = 1):
+    def __init__(self, skip_steps: tuple[int, ...] = (), warmup: int = WARMUP_STEPS):
         self.skip = set(skip_steps)
         self.warmup = warmup
         self.first_step_unix: Optional[float] = None

@@ -231,8 +231,8 @@ def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
             lines.append(f"  predicted peak {_mib(predicted['estimate_peak_bytes'])} ({predicted['estimate_method']})"
                          + ("" if error is None else f", {error:+.1f} % vs measured"))
         if predicted["step_time_error_pct"] is not None:
-            at_data = (res.estimate or {}).get("at_data")
-            where = f" at the data's typical {at_data['seq_len']} tokens" if (at_data or {}).get("step_s") else ""
+            tokens = predicted["predicted_step_tokens"]
+            where = f" at the data's typical {tokens} tokens" if tokens else ""
             lines.append(f"  predicted step {1e3 * predicted['predicted_step_s']:.1f} ms{where}, measured median "
                          f"{1e3 * predicted['measured_step_s']:.1f} ms ({predicted['step_time_error_pct']:+.1f} %)")
         tokens = f"{t.tokens_per_s:.0f} tokens/s; " if t.tokens_per_s else ""  # images count no tokens

@@ -195,10 +195,12 @@ def estimate_vs_measured(res: dict[str, Any]) -> dict[str, Any]:
         return None if not pred or not real else round(100 * (pred - real) / real, 2)
 
     trace_peak = (est.get("trace") or {}).get("peak_bytes")
-    # the step at the data's typical padded length where the job measured one (train_loop.typical_step)
-    predicted_step = (est.get("at_data") or {}).get("step_s") or est.get("predicted_step_s")
+    # the step at the data's typical padded length where the job predicted one (train_loop.typical_step)
+    at_data = est.get("at_data") if (est.get("at_data") or {}).get("step_s") else None
+    predicted_step = at_data["step_s"] if at_data else est.get("predicted_step_s")
     return {"measured_peak_bytes": measured, "estimate_peak_bytes": est.get("peak_bytes"),
             "estimate_method": est.get("method"), "estimate_error_pct": err(est.get("peak_bytes")),
             "trace_peak_bytes": trace_peak, "trace_error_pct": err(trace_peak),
             "measured_step_s": step_s, "predicted_step_s": predicted_step,
+            "predicted_step_tokens": at_data["seq_len"] if at_data else None,
             "step_time_error_pct": err(predicted_step, step_s)}

@@ -14,7 +14,7 @@ from ..errors import Diverged
 from ..measure import memcap
 from ..measure import progress, shapes
 from ..measure.ledger import LedgerCallback, effective, param_bytes
-from ..measure.steptime import StepTimer
+from ..measure.steptime import WARMUP_STEPS, StepTimer
 from ..techniques import optim
 from . import data as data_mod
 from . import host_memory, images
@@ -200,7 +200,7 @@ def typical_step(job: Config, profile: HardwareConf) -> dict | None:
     ledger = {first_step_after_warmup(job, steps)} if job.measure.ledger else set()
     typical = data_mod.typical_padded_length(lengths, plan.micro_batch_size, plan.accumulation_steps,
                                              job.data.pad_to_multiple_of, plan.group_by_length, job.seed,
-                                             steps=steps, left_out=frozenset({1} | ledger))  # as StepTimer times
+                                             steps=steps, left_out=frozenset(range(1, WARMUP_STEPS + 1)) | ledger)
     return at_data_length(job, profile, typical)
 
 
