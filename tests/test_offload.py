@@ -93,3 +93,47 @@ def test_the_ledger_reads_the_gpu_and_the_state_cpu_offload_leaves_there():
     snaps = {torch.device("cpu"): {"Total": 9, "Parameter": 9}, torch.device("cuda", 0): {"Total": 5, "Parameter": 5}}
     tracker = SimpleNamespace(get_tracker_snapshot=lambda kind: snaps, saved_activations=0, category_max={})
     assert ledger_reading(tracker, 0)["peak_bytes"] == 5
+
+
+def test_a_finished_job_lets_go_of_the_weights_cpu_offloads_hooks_hold():
+    # CPUOffloadOptimizer's shape (its __init__ needs CUDA): a post-accumulate-grad hook per parameter whose
+    # closure holds the optimizer, whose map holds the parameters
+    import gc
+    import weakref
+
+    class Offloading:
+        def __init__(self, params):
+            self.param_d2h_map = {p: None for p in params}
+            for p in self.param_d2h_map:
+                p.register_post_accumulate_grad_hook(lambda p_device: self.param_d2h_map[p_device])
+
+    def weights_left(release: bool) -> int:
+        model = torch.nn.Linear(64, 64)
+        weights, optimizer = [weakref.ref(p) for p in model.parameters()], Offloading(model.parameters())
+        model(torch.ones(2, 64)).sum().backward()
+        if release:
+            offload.release(model)
+        del model, optimizer
+        gc.collect()
+        return sum(w() is not None for w in weights)
+
+    assert weights_left(release=False) == 2  # the cycle runs through C++: gc alone keeps them
+    assert weights_left(release=True) == 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_an_offloaded_job_leaves_no_model_behind(tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    from conftest import run_job
+
+    from memsweep.run import model as model_mod
+
+    loaded, load = [], model_mod.load_model
+    monkeypatch.setattr(model_mod, "load_model", lambda *a, **k: loaded.append(m := load(*a, **k)) or m)
+    res = run_job(TINY + ["hardware=auto", "max_steps=2", "offload=optimizer_and_grads"], tmp_path)
+    assert res["status"] == "ok" and res["effective"]["optimizer"] == "CPUOffloadOptimizer"
+    weights = [weakref.ref(p) for p in loaded.pop().parameters()]
+    gc.collect()
+    assert not [w for w in weights if w() is not None]

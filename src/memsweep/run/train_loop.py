@@ -15,7 +15,7 @@ from ..measure import memcap
 from ..measure import progress, shapes
 from ..measure.ledger import LedgerCallback, effective, param_bytes
 from ..measure.steptime import WARMUP_STEPS, StepTimer
-from ..techniques import optim
+from ..techniques import offload, optim
 from . import data as data_mod
 from . import host_memory, images
 from . import model as model_mod
@@ -252,6 +252,7 @@ def release(built: Built | None) -> None:
     if built is not None:
         built.progress.close()  # a phase that raised leaves its bar open
         built.ledger.close()  # a job that raised inside the ledger step leaves its tracker open
+        offload.release(built.trainer.model)
         built.trainer.accelerator.free_memory()
         if built.trainer.args.torch_compile:
             # dynamo's caches outlive the job: a later compiled job of the process would capture nothing

@@ -41,3 +41,14 @@ def offloaded_optimizer(cls, groups, kwargs, grads: bool):
     from torchao.optim import CPUOffloadOptimizer
 
     return CPUOffloadOptimizer(groups, optimizer_class=cls, offload_gradients=grads, **kwargs)
+
+
+def release(model) -> None:
+    """Drop the hooks CPUOffloadOptimizer left on the model's parameters, once the job is done with them.
+    Each hook's closure holds the optimizer, whose maps hold the parameters: a cycle through the tensors'
+    C++ hook lists that gc does not follow, so without this every offloaded job of an in-process sweep kept
+    its weights on the GPU for the rest of the process (0.44 GB of a bert-base job, seen on an H200)."""
+    for p in model.parameters():
+        hooks = getattr(p, "_post_accumulate_grad_hooks", None)
+        if hooks:
+            hooks.clear()
