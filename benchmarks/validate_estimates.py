@@ -164,7 +164,10 @@ def check(files: list[Path]) -> pd.DataFrame:
             except NotModelled as exc:
                 out["note"] = f"not modelled: {exc}"
             rows.append(out)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    numbers = ["published GiB", "predicted GiB", "error %", "published s/step", "predicted s/step", "time error %"]
+    frame[numbers] = frame[numbers].apply(pd.to_numeric)  # a table of no modelled row holds None alone
+    return frame
 
 
 def report(frame: pd.DataFrame) -> str:

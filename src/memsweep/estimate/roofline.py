@@ -12,6 +12,12 @@ benchmarks/gpu_rates.py, benchmarks/GPU.md) and is applied to every CUDA profile
 - MATMUL_CEILING: cuBLAS's largest products (8192 x 8192 x 8192) reach 0.74-0.77 of the dense datasheet
   peak in fp32, TF32, fp16 and bf16 (torch's own `flops_to_ns` assumes 0.75);
 - MEMORY_CEILING: a device-to-device copy moves 0.88 of the datasheet bandwidth (4,217 of 4,800 GB/s);
+- TRAFFIC_NOT_HIDDEN: a product's time is its math at the ceiling plus its operands' and result's bytes at the
+  bandwidth, not the longer of the two (benchmarks/gpu_gemm_shapes.py, gpu_snapshots/h200_gemm.json: over 120
+  products of 2,048-32,768 rows into fine-tuning widths, 768-32,000, in bf16, TF32 and fp32, the sum is
+  -0.7 % off the median product's measured time, the longer of the two -14.7 %; a 768-wide bf16 product of
+  32,768 rows: 76 us measured, 51 us of math and 24 us of traffic). The tile pipeline loads its first
+  operands before any math and writes the result after the last: at a transformer's widths that does not hide;
 - KERNEL_MIN_S: a kernel takes a few microseconds however little it does: the 2-layer, 64-wide BERT's
   fixed-shape step ran 313 kernels in 0.91 ms of GPU time (bf16 autocast; fp32: 239 in 0.99 ms);
 - HOST_S_PER_STEP_OP: an op called in a Python loop, as an optimizer's step calls them, costs the host
@@ -36,8 +42,9 @@ recomputed forward, gradient clipping, the optimizer step (memory-bound: it read
 tensor) and bitsandbytes' quantize / dequantize ops (each dispatched as an op with its bytes). What it
 adds outside the ops: activation offload's host copies over the profile's host link. What it leaves out:
 data loading, a training loop's own work per step (a Trainer's callbacks and logging), checkpointing's
-hooks on the host, matmuls at widths where cuBLAS reaches less than its ceiling, and collectives between
-processes.
+hooks on the host, TF32 products with a transposed first operand (a weight's gradient: 0.25-0.5 of the
+datasheet on the H200, a third slower than the sum), products of widths that are not multiples of 8 (a
+batched 197 x 64 x 197 product: 4 times the sum), and collectives between processes.
 
 The ops are those eager PyTorch runs as kernels: no mode sits above the roofline. torch's FlopCounterMode
 decomposes an op it has no formula for (`func.decompose`: silu_backward into 8 elementwise ops, each timed
@@ -81,6 +88,7 @@ class Rates:
     kernel_min_s: float = 0.0  # the shortest a GPU kernel takes, whatever its FLOPs and bytes
     random_per_s: float = 0.0  # random numbers drawn per second; 0: drawing is never what an op waits for
     serial: bool = False  # the ops run on the thread that calls them (a CPU): each op's call, then its work
+    traffic_hidden: bool = True  # a FLOP-counted op's bytes move while it computes; False: before and after
 
 
 class Roofline(RuntimeEstimator):
@@ -178,6 +186,13 @@ def op_s(key: str, flops: int, moved: int, rates: Rates) -> tuple[float, float, 
     return (flops / rate if flops and rate else 0.0), memory_s, bool(flops and not rate)
 
 
+def op_time(key: str, flops: int, moved: int, rates: Rates) -> float:
+    """An op's seconds: the longer of its math and its bytes (the roofline), or on a GPU, for an op with
+    FLOPs, the two one after the other (TRAFFIC_NOT_HIDDEN)."""
+    compute_s, memory_s, _ = op_s(key, flops, moved, rates)
+    return compute_s + memory_s if compute_s and not rates.traffic_hidden else max(compute_s, memory_s)
+
+
 def seconds(ops: list, rates: Rates) -> dict:
     """One micro-batch's forward and backward and the optimizer step, timed at `rates`; which ops bound it."""
     out = {**{p: 0.0 for p in PHASES}, "compute_bound_s": 0.0, "memory_bound_s": 0.0, "ops": dict.fromkeys(PHASES, 0)}
@@ -187,8 +202,9 @@ def seconds(ops: list, rates: Rates) -> dict:
         compute_s, memory_s, missing = op_s(key, flops, moved, rates)
         if missing:
             no_rate.add(key)
-        out[phase] += n * max(compute_s, memory_s)
-        out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += n * max(compute_s, memory_s)
+        took = op_time(key, flops, moved, rates)
+        out[phase] += n * took
+        out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += n * took
     return {**out, "no_rate": sorted(no_rate)}
 
 
@@ -200,7 +216,7 @@ def queued_s(sequence: list, rates: Rates, accumulation: int) -> float:
     API synchronization behavior). The optimizer step follows the last backward in the same queue."""
     sequence = [tuple(op) for op in sequence]  # a cached trace may hold them as lists
     # each distinct op's (host, device) seconds once: a step repeats the same few hundred ops per block
-    cost = {op: (rates.host_s_per_step_op if op[0] == "step" else rates.host_s_per_op, max(op_s(*op[1:], rates)[:2]))
+    cost = {op: (rates.host_s_per_step_op if op[0] == "step" else rates.host_s_per_op, op_time(*op[1:], rates))
             for op in set(sequence)}
 
     def run(ops) -> float:
@@ -235,7 +251,8 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
     return Rates(flops=flops, memory_bytes_s=memory * GB, host_bytes_s=host * GB if host else None,
                  fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source,
                  host_s_per_op=per_op, host_s_per_step_op=per_step_op,
-                 kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0, serial=not on_gpu, random_per_s=random_per_s)
+                 kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0, serial=not on_gpu, random_per_s=random_per_s,
+                 traffic_hidden=not on_gpu)
 
 
 def step_time(traced: dict, plan, profile) -> dict:
