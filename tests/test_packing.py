@@ -90,3 +90,17 @@ def test_the_estimates_upper_reserved_never_falls_over_a_grid():
         assert [grid[micro, seq] for seq in lengths] == sorted(grid[micro, seq] for seq in lengths), micro
     for seq in lengths:
         assert [grid[micro, seq] for micro in micros] == sorted(grid[micro, seq] for micro in micros), seq
+
+
+def test_the_estimate_says_its_upper_figure_holds_for_steps_at_max_seq_len():
+    from conftest import job_of
+
+    from memsweep.estimate.core import estimate_job
+
+    def says(*overrides: str) -> bool:
+        notes = estimate_job(*job_of(["model=tiny", "max_seq_len=128", *overrides])).notes
+        return any(n.startswith("reserved upper: for steps at max_seq_len") for n in notes)
+
+    assert says("hardware=h200")  # each batch padded to its longest: shorter steps come too
+    assert not says("hardware=h200", "data.pad_to_multiple_of=128")  # every step the traced one
+    assert not says()  # a CPU reserves nothing

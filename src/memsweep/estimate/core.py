@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ..config import rules
 from ..config.schema import Config, HardwareConf
 from ..measure import shapes
-from ..run import results
+from ..run import results, task
 from ..run.plan import build_plan
 from ..sweep.sweepdir import ESTIMATE_FILE
 from . import adjust, roofline
@@ -99,7 +99,7 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         step_time=timing,
         trace={k: v for k, v in traced.items() if k not in BULKY},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
-        notes=notes_for(plan, profile, adjusted), per_rank=traced.get("per_rank"),
+        notes=notes_for(plan, profile, adjusted) + history_note(job, plan, profile), per_rank=traced.get("per_rank"),
         shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),
                                  job.data.pad_to_multiple_of),
         seconds=round(time.perf_counter() - started, 2), **device)
@@ -143,6 +143,19 @@ def notes_for(plan, profile: HardwareConf, adjusted: Optional[str]) -> list[str]
                      "use the upper figure for reserved, the most the step reserves with its activations scaled "
                      "down (packing: a smaller step can reserve more)")
     return notes
+
+
+def history_note(job: Config, plan, profile: HardwareConf) -> list[str]:
+    """What the upper figure for reserved does not cover: a run whose batches are padded each to its longest
+    example meets shorter steps before and after the longest, and blocks cached for a shorter step's sizes
+    can stay reserved beside the longest step's (benchmarks/GPU.md: on an H200 the runs' reserved bytes came
+    1.6-5.7 % above the upper figure, and within it once every batch was padded to max_seq_len)."""
+    multiple = job.data.pad_to_multiple_of
+    if profile.device != "cuda" or task.images(job.task) or (multiple and multiple >= job.max_seq_len):
+        return []
+    return ["reserved upper: for steps at max_seq_len; the run's shorter batches (each padded to its longest) can "
+            "leave more cached, measured up to 6 % above it; data.pad_to_multiple_of=max_seq_len makes every step "
+            "the traced one"]
 
 
 def for_job(job: Config, profile: HardwareConf) -> dict[str, Any]:
