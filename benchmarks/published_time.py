@@ -10,7 +10,13 @@ Sources print time in their own ways; each is read as seconds per optimizer step
 - `toks_per_sec` / `tokens_per_sec`, and `tps_per_gpu` of a job of several GPUs: the step's tokens on one
   GPU (the estimate's, which speaks per rank: micro-batch x accumulation x length) over it.
 A row that prints no time, or a word in its place ("OOM"), has none.
+
+What a `time_elapsed` loop does beside its steps is predicted too where the table states it: a validation pass
+of `timed_evaluation_examples` per epoch (its `epochs`), at the training micro-batch, split among the
+`num_gpus` ranks as a distributed sampler splits it: each batch one forward alone (the estimate's
+`forward_only_s`), added over the row's optimizer steps.
 """
+import math
 import re
 from typing import Any, Optional
 
@@ -38,12 +44,26 @@ def published_step_s(row: dict[str, Any], est: dict[str, Any]) -> Optional[float
     return None
 
 
-def columns(row: dict[str, Any], est: dict[str, Any], timed_card: bool = True) -> dict[str, Optional[float]]:
+def evaluation_s_per_step(row: dict[str, Any], common: dict[str, Any], est: dict[str, Any]) -> float:
+    """The timed loop's validation passes, predicted, per optimizer step (0 where the table states none)."""
+    examples = common.get("timed_evaluation_examples")
+    if not examples or "time_elapsed" not in row:
+        return 0.0
+    ranks = int(row.get("num_gpus", common.get("num_gpus", 1)))
+    batches = int(common.get("epochs", 1)) * math.ceil(examples / ranks / est["micro_batch_size"])
+    return batches * est["step_time"]["forward_only_s"] / int(row["optimizer_steps"])
+
+
+def columns(row: dict[str, Any], est: dict[str, Any], timed_card: bool = True,
+            common: Optional[dict[str, Any]] = None) -> dict[str, Optional[float]]:
     """The row's time columns: published and predicted seconds per step and the error (None where either is
     missing: the estimate says why in its step_time's why_not; and no published time where the estimate's
-    profile is not the card that measured it, `timed_card` False: the table's `time_on_profile: false`)."""
+    profile is not the card that measured it, `timed_card` False: the table's `time_on_profile: false`).
+    The prediction is of what the published time covers: the step, and the loop's stated validation passes."""
     published = published_step_s(row, est) if timed_card else None
     predicted = est.get("predicted_step_s")
+    if predicted:
+        predicted += evaluation_s_per_step(row, common or {}, est)
     error = None if not published or not predicted else 100 * (predicted - published) / published
     return {"published s/step": published, "predicted s/step": predicted, "time error %": error}
 

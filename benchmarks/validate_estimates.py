@@ -156,7 +156,8 @@ def check(files: list[Path]) -> pd.DataFrame:
                 predicted = est.get(COUNTER_FIELD[counter])
                 if predicted is None:
                     raise NotModelled(f"the estimate ({est['method']}) predicts no {COUNTER_FIELD[counter]}")
-                out.update(published_time.columns(row, est, table.get("time_on_profile", True)))
+                out.update(published_time.columns(row, est, table.get("time_on_profile", True),
+                                                   table.get("common", {})))
                 out.update({"predicted GiB": predicted / GIB, "error %": 100 * (predicted - published) / published,
                             "note": f"{est['method']} on {est['hardware']}" + "".join(
                                 f"; as the source's library: {name}" for name in older)

@@ -177,6 +177,34 @@ def test_a_published_time_is_read_as_seconds_per_optimizer_step_however_the_sour
     assert pt.columns({"time_per_step": "0.2s/it"}, {**est, "predicted_step_s": None})["time error %"] is None
 
 
+def test_a_timed_loops_stated_validation_passes_are_predicted_beside_its_steps():
+    import published_time as pt
+
+    est = {"micro_batch_size": 12, "accumulation_steps": 1, "seq_len": 512, "predicted_step_s": 0.1,
+           "step_time": {"forward_only_s": 0.03}}
+    common = {"epochs": 3, "timed_evaluation_examples": 5000, "num_gpus": 1}
+    row = {"time_elapsed": "15 min", "optimizer_steps": 9000}
+    # 3 epochs x 417 batches of 12 (the last one short) x 30 ms, over 9,000 steps
+    assert pt.evaluation_s_per_step(row, common, est) == pytest.approx(3 * 417 * 0.03 / 9000)
+    assert pt.columns(row, est, common=common)["predicted s/step"] == pytest.approx(0.1 + 3 * 417 * 0.03 / 9000)
+    # split among the ranks as a distributed sampler splits it
+    assert pt.evaluation_s_per_step({**row, "num_gpus": 4}, common, est) == pytest.approx(3 * 105 * 0.03 / 9000)
+    # a table that states none, or a rate the source prints per step, adds nothing
+    assert pt.columns(row, est)["predicted s/step"] == 0.1
+    assert pt.evaluation_s_per_step({"time_per_step": "0.2s/it"}, common, est) == 0.0
+
+
+def test_a_forward_alone_is_the_steps_forward_ops_as_the_queue_runs_them():
+    from conftest import job_of
+
+    from memsweep.estimate.core import estimate_job
+
+    for hardware in ("a100_40gb", "cpu"):
+        st = estimate_job(*job_of(["model=tiny", "batch_size=4", "max_seq_len=64", f"hardware={hardware}"])).step_time
+        # no backward, no optimizer: a fraction of the step, at least its forward kernels' time
+        assert st["forward_s"] <= st["forward_only_s"] < st["step_s"]
+
+
 def test_a_ladders_predicted_order_by_time_is_its_rank_correlation_with_the_published_order():
     import pandas as pd
     import published_time as pt

@@ -231,6 +231,16 @@ def queued_s(sequence: list, rates: Rates, accumulation: int) -> float:
     return (accumulation - 1) * run(micro_batch) + run(micro_batch + [op for op in sequence if op[0] == "step"])
 
 
+def forward_only_s(sequence: list, parts: dict, rates: Rates) -> float:
+    """One micro-batch's forward alone (an evaluation batch of the same size): its ops as the step runs them,
+    launched by the host on a GPU, called then run on a CPU."""
+    forward = [op for op in sequence if op[0] == "forward"]
+    if rates.serial or not forward:
+        dispatch = parts["ops"]["forward"] * rates.host_s_per_op
+        return parts["forward"] + dispatch if rates.serial else max(parts["forward"], dispatch)
+    return queued_s(forward, rates, 1)
+
+
 def rates_of(profile, compute_key: str) -> Optional[Rates]:
     """The profile's rates, or None where it has no memory bandwidth (a step cannot be timed). On a CPU
     profile without them, this machine's, measured once (measure/peak.py)."""
@@ -282,6 +292,7 @@ def step_time(traced: dict, plan, profile) -> dict:
     else:
         queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
     out = {"step_s": queue_s + host_s, "forward_s": parts["forward"], "backward_s": parts["backward"],
+           "forward_only_s": forward_only_s(sequence, parts, rates),
            "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
            "device_s": device_s, "dispatch_s": dispatch_s, "idle_s": queue_s - device_s,  # waiting for launches
            "bound": "host dispatch" if dispatch_s > device_s else "device",
