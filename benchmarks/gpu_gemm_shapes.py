@@ -9,7 +9,7 @@ to 8,192 rows); each also as a weight's gradient (a^T @ g, its first operand tra
 synchronisation, the median over repeats. Batched products of attention's shapes and copies of 0.25 MiB-1 GiB too.
 
 The fit: each product timed by estimate/roofline.py at the h200 profile's rates, once as a GPU op is
-(math, then traffic: TRAFFIC_NOT_HIDDEN) and once as the longer of the two; the signed error of each against
+(math, then traffic: Rates.traffic_hidden off) and once as the longer of the two; the signed error of each against
 the measured time, for products of 2,048 rows or more (fewer rows take a few microseconds, which the
 measurement cannot tell from the host's launch of the next product).
 """

@@ -12,12 +12,13 @@ benchmarks/gpu_rates.py, benchmarks/GPU.md) and is applied to every CUDA profile
 - MATMUL_CEILING: cuBLAS's largest products (8192 x 8192 x 8192) reach 0.74-0.77 of the dense datasheet
   peak in fp32, TF32, fp16 and bf16 (torch's own `flops_to_ns` assumes 0.75);
 - MEMORY_CEILING: a device-to-device copy moves 0.88 of the datasheet bandwidth (4,217 of 4,800 GB/s);
-- TRAFFIC_NOT_HIDDEN: a product's time is its math at the ceiling plus its operands' and result's bytes at the
-  bandwidth, not the longer of the two (benchmarks/gpu_gemm_shapes.py, gpu_snapshots/h200_gemm.json: over 120
-  products of 2,048-32,768 rows into fine-tuning widths, 768-32,000, in bf16, TF32 and fp32, the sum is
-  -0.7 % off the median product's measured time, the longer of the two -14.7 %; a 768-wide bf16 product of
-  32,768 rows: 76 us measured, 51 us of math and 24 us of traffic). The tile pipeline loads its first
-  operands before any math and writes the result after the last: at a transformer's widths that does not hide;
+- a product's traffic is not hidden (Rates.traffic_hidden False on a GPU): its time is its math at the
+  ceiling plus its operands' and result's bytes at the bandwidth, not the longer of the two (benchmarks/
+  gpu_gemm_shapes.py, gpu_snapshots/h200_gemm.json: over 182 products of 2,048-32,768 rows into fine-tuning
+  widths, 768-32,000, in bf16, TF32 and fp32, the sum is -0.7 % off the median product's measured time, the
+  longer of the two -14.7 %; a 768-wide bf16 product of 32,768 rows: 76 us measured, 51 us of math and 24 us
+  of traffic). The tile pipeline loads its first operands before any math and writes the result after the
+  last: at a transformer's widths that does not hide;
 - KERNEL_MIN_S: a kernel takes a few microseconds however little it does: the 2-layer, 64-wide BERT's
   fixed-shape step ran 313 kernels in 0.91 ms of GPU time (bf16 autocast; fp32: 239 in 0.99 ms);
 - HOST_S_PER_STEP_OP: an op called in a Python loop, as an optimizer's step calls them, costs the host
@@ -188,7 +189,7 @@ def op_s(key: str, flops: int, moved: int, rates: Rates) -> tuple[float, float, 
 
 def op_time(key: str, flops: int, moved: int, rates: Rates) -> float:
     """An op's seconds: the longer of its math and its bytes (the roofline), or on a GPU, for an op with
-    FLOPs, the two one after the other (TRAFFIC_NOT_HIDDEN)."""
+    FLOPs, the two one after the other (Rates.traffic_hidden: the module docstring)."""
     compute_s, memory_s, _ = op_s(key, flops, moved, rates)
     return compute_s + memory_s if compute_s and not rates.traffic_hidden else max(compute_s, memory_s)
 
