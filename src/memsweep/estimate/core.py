@@ -99,7 +99,7 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         step_time=timing,
         trace={k: v for k, v in traced.items() if k not in BULKY},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
-        notes=notes_for(plan, profile, adjusted) + history_note(job, plan, profile), per_rank=traced.get("per_rank"),
+        notes=notes_for(plan, profile, adjusted) + history_note(job, profile), per_rank=traced.get("per_rank"),
         shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),
                                  job.data.pad_to_multiple_of),
         seconds=round(time.perf_counter() - started, 2), **device)
@@ -145,7 +145,7 @@ def notes_for(plan, profile: HardwareConf, adjusted: Optional[str]) -> list[str]
     return notes
 
 
-def history_note(job: Config, plan, profile: HardwareConf) -> list[str]:
+def history_note(job: Config, profile: HardwareConf) -> list[str]:
     """What the upper figure for reserved does not cover: a run whose batches are padded each to its longest
     example meets shorter steps before and after the longest, and blocks cached for a shorter step's sizes
     can stay reserved beside the longest step's (benchmarks/GPU.md: on an H200 the runs' reserved bytes came
