@@ -271,6 +271,20 @@ def tensor_reading(events, categories: dict) -> dict[str, Any]:
             "optimizer_bytes": most["optimizer"]}
 
 
+def paged_in(events, micro_batches: int) -> dict[str, float]:
+    """The bytes of the tensors made in each phase of the step (per micro-batch in forward and backward) that a
+    CPU pages in anew: those over glibc's largest mmap threshold (measure/peak.py), fresh pages each time."""
+    from ..measure.peak import MMAP_THRESHOLD_MAX
+
+    phase, out = None, {"forward": 0.0, "backward": 0.0, "step": 0.0}  # what is alive before: not made here
+    for event in events:
+        if event[0] == "mark":
+            phase = event[1]
+        elif event[0] == "alloc" and phase in out and event[2] > MMAP_THRESHOLD_MAX:
+            out[phase] += event[2] / (micro_batches if phase != "step" else 1)
+    return out
+
+
 # The sizes packing_envelope replays the step's activations at: a fixed ladder of totals, STEPS_PER_OCTAVE
 # rungs to each doubling, over the OCTAVES below the first rung at or above the step's own total. Rungs
 # 2.2 % apart: on tests/test_packing.py's synthetic step, rungs 9 % apart (8 to the octave) passed over a

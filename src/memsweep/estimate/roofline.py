@@ -36,7 +36,11 @@ call costs what this CPU measured (measure/peak.py): a model's op the time of a 
 backward (1 x 8 tokens, next to no work) over its ops, an optimizer's op a bare call from a Python loop.
 And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
 bytes: those ops take their draws at the rate this CPU draws them (measured); a GPU's dropout kernel draws
-in registers (Philox) and stays bound by its bytes.
+in registers (Philox) and stays bound by its bytes. And a CPU pages in anew each tensor of more than 32 MiB a step
+makes (glibc's malloc maps it fresh and unmaps it on free; the kernel faults in each 4 KiB page on its first
+touch): the step adds this CPU's measured cost per page for those the trace's step allocates (capture.paged_in;
+MiniLM's word-embedding gradient, 47 MB each micro-batch: 11,446 pages at 1.6 us here). A GPU's caching
+allocator keeps its blocks.
 
 What the sum holds, because it is the step the memory trace runs: forward, backward with checkpointing's
 recomputed forward, gradient clipping, the optimizer step (memory-bound: it reads and writes every state
@@ -90,6 +94,7 @@ class Rates:
     random_per_s: float = 0.0  # random numbers drawn per second; 0: drawing is never what an op waits for
     serial: bool = False  # the ops run on the thread that calls them (a CPU): each op's call, then its work
     traffic_hidden: bool = True  # a FLOP-counted op's bytes move while it computes; False: before and after
+    s_per_page: float = 0.0  # a fresh page's first touch (a CPU's large tensors, measure/peak.py); 0: none
 
 
 class Roofline(RuntimeEstimator):
@@ -249,11 +254,13 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
     flops = {k: v * 1e12 * (MATMUL_CEILING if on_gpu else 1.0) for k, v in profile.tflops.items()}
     memory, host, source = profile.memory_gbs, profile.host_link_gbs, "profile (datasheet)"
     per_op, per_step_op, random_per_s = (HOST_S_PER_OP, HOST_S_PER_STEP_OP, 0.0) if on_gpu else (0.0, 0.0, 0.0)
+    per_page = 0.0
     if on_gpu and memory:
         memory, source = memory * MEMORY_CEILING, "profile (datasheet) x the ceilings measured on an H200"
     if profile.device == "cpu":
         measured = peak.cpu_rates()  # what an op costs this CPU beyond its work, whatever the rates' source
         per_op, per_step_op, random_per_s = measured["s_per_op"], measured["s_per_step_op"], measured["random_per_s"]
+        per_page = measured["s_per_page_fault"]
         if not flops or memory is None:
             flops, memory, host = {**measured["flops"], **flops}, memory or measured["memory_gbs"], None
             source = f"this CPU, measured at start-up ({measured['threads']} threads)"
@@ -263,7 +270,7 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
                  fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source,
                  host_s_per_op=per_op, host_s_per_step_op=per_step_op,
                  kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0, serial=not on_gpu, random_per_s=random_per_s,
-                 traffic_hidden=not on_gpu)
+                 traffic_hidden=not on_gpu, s_per_page=per_page)
 
 
 def step_time(traced: dict, plan, profile) -> dict:
@@ -288,14 +295,18 @@ def step_time(traced: dict, plan, profile) -> dict:
     dispatch_s = (accumulation * ops * rates.host_s_per_op
                   + on_device * parts["ops"]["step"] * rates.host_s_per_step_op)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
+    paged = traced.get("paged_in_bytes") or {}
+    pages_s = (accumulation * (paged.get("forward", 0) + paged.get("backward", 0)) + on_device * paged.get("step", 0)
+               ) / peak.PAGE * rates.s_per_page
     if rates.serial:
-        queue_s = device_s + dispatch_s
+        queue_s = device_s + dispatch_s + pages_s
     else:
         queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
     out = {"step_s": queue_s + host_s, "forward_s": parts["forward"], "backward_s": parts["backward"],
-           "forward_only_s": forward_only_s(sequence, parts, rates),
+           "forward_only_s": forward_only_s(sequence, parts, rates) + paged.get("forward", 0) / peak.PAGE * rates.s_per_page,
            "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
-           "device_s": device_s, "dispatch_s": dispatch_s, "idle_s": queue_s - device_s,  # waiting for launches
+           "device_s": device_s, "dispatch_s": dispatch_s, "paged_in_s": pages_s,
+           "idle_s": queue_s - device_s - pages_s,  # waiting for launches
            "bound": "host dispatch" if dispatch_s > device_s else "device",
            "ops_per_micro_batch": ops, "ops_in_optimizer_step": parts["ops"]["step"],
            "gpu_us_per_op": 1e6 * micro_batch_s / ops if ops else None,

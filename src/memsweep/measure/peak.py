@@ -99,9 +99,31 @@ def random_per_s(numel: int = 2 ** 22, seconds: float = 0.3) -> float:
     return median_rate(lambda: x.bernoulli_(0.9), numel, seconds)
 
 
+# glibc's malloc serves a request above its mmap threshold with fresh pages from the kernel and gives them
+# back on free; the threshold adapts to freed sizes up to DEFAULT_MMAP_THRESHOLD_MAX (4 MiB x sizeof(long)
+# = 32 MiB on 64-bit: glibc malloc/malloc.c, mallopt(3)), so a tensor of more than 32 MiB is paged in anew
+# each time it is made: the kernel faults in and zeroes each 4 KiB page on its first touch.
+MMAP_THRESHOLD_MAX = 32 * 2**20
+PAGE = 4096
+
+
+def seconds_per_page_fault(nbytes: int = 64 * 2**20) -> float:
+    """What a fresh page costs this CPU on first touch: filling a newly made 64 MiB tensor, less filling one
+    already paged in, over its pages."""
+    numel, kept = nbytes // 4, torch.empty(nbytes // 4)
+    kept.fill_(0.0)
+
+    def fresh():
+        torch.empty(numel).fill_(1.0)
+
+    touched = 1 / median_rate(lambda: kept.fill_(1.0), 1.0, 0.2)
+    return max(0.0, 1 / median_rate(fresh, 1.0, 0.3) - touched) / (nbytes // PAGE)
+
+
 def cpu_rates() -> dict:
     """FLOP/s for fp32 (and bf16 where it runs natively), memory GB/s, the time per op beyond its work (of a
-    model's forward and backward, of an optimizer's loop), random draws per second, the thread count: measured
+    model's forward and backward, of an optimizer's loop), random draws per second, a fresh page's first touch,
+    the thread count: measured
     once per thread count torch runs with."""
     return measured_at(torch.get_num_threads())
 
@@ -116,4 +138,5 @@ def measured_at(threads: int) -> dict:
     if bf16:
         flops["bf16"] = matmul_flops(torch.bfloat16)
     return {"flops": flops, "memory_gbs": copy_bytes_s() / 1e9, "s_per_op": seconds_per_op(),
-            "s_per_step_op": seconds_per_call(), "random_per_s": random_per_s(), "threads": torch.get_num_threads()}
+            "s_per_step_op": seconds_per_call(), "random_per_s": random_per_s(),
+            "s_per_page_fault": seconds_per_page_fault(), "threads": torch.get_num_threads()}
