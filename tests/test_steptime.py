@@ -104,11 +104,27 @@ def test_a_step_is_predicted_at_the_datas_typical_padded_length():
     # one example per step, in any order: the median example, as padded
     assert typical_padded_length(lengths, 1, 1, None, False, 0) == round(statistics.median(lengths))
     assert typical_padded_length(lengths, 1, 1, 64, False, 0) == 64
-    # a random batch of 32 is padded to nearly the longest; grouped by length (Trainer's sampler), far less
+    # a random batch of 32 is padded to nearly the longest; grouped by length (the job's sampler), far less
     grouped, shuffled = (typical_padded_length(lengths, 32, 1, None, g, 0) for g in (True, False))
     assert grouped < 0.7 * shuffled and shuffled >= statistics.quantiles(lengths, n=20)[-1]
     # accumulated micro-batches of one: a step takes their mean
     assert abs(typical_padded_length(lengths, 1, 32, None, False, 0) - statistics.mean(lengths)) < 3
+
+
+def test_a_grouped_jobs_typical_length_is_read_off_the_batches_its_own_sampler_makes():
+    import random
+    import statistics
+
+    from memsweep.run.data import typical_padded_length
+    from memsweep.run.trainer import LengthBucketSampler
+
+    rng = random.Random(1)
+    lengths = [rng.randint(5, 64) for _ in range(320)]
+    order = list(LengthBucketSampler(lengths, batch_size=32, seed=42))
+    padded = [max(lengths[i] for i in order[s:s + 32]) for s in range(0, 320, 32)]
+    # steps 3-10, as the step timer times them (its warm-up step and the ledger's left out)
+    assert typical_padded_length(lengths, 32, 1, None, True, 42, steps=10, left_out=frozenset({1, 2})) == round(
+        statistics.median(padded[2:]))
 
 
 def test_a_job_of_short_examples_predicts_its_step_at_their_length_beside_the_longest(tiny_job):

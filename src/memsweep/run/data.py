@@ -215,23 +215,36 @@ def load(cfg: DataConf, seed: int, tokenizer, max_seq_len: int, labelled: bool =
     return data
 
 
+def length_bucketed_order(lengths: list[int], batch_size: int, seed: int, bucket: int = 50) -> list[int]:
+    """The order a length-grouped job reads its examples in (trainer.LengthBucketSampler, one epoch): shuffled, cut
+    into chunks of `bucket` batches, each chunk sorted by length (the longest first) and cut into batches, the
+    batches shuffled. Every example once; a batch holds examples of similar length."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    chunk, batches = batch_size * bucket, []
+    for start in range(0, len(order), chunk):
+        part = sorted(order[start:start + chunk], key=lambda i: lengths[i], reverse=True)
+        batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
+    return [i for b in torch.randperm(len(batches), generator=g).tolist() for i in batches[b]]
+
+
 def typical_padded_length(lengths: list[int], micro_batch: int, accumulation: int, multiple: Optional[int],
                           grouped: bool, seed: int, steps: Optional[int] = None,
                           left_out: frozenset = frozenset()) -> int:
     """The length an optimizer step's micro-batches are padded to, typically: over an epoch batched as the
-    Trainer's sampler batches it (transformers' length-grouped megabatches where `grouped`, the longest first;
+    job's sampler batches it (length_bucketed_order where `grouped`, as the job's Trainer reads its examples;
     else a random order), each micro-batch padded to its longest example (rounded up to `multiple`), the median
     over the optimizer steps (the first `steps`, less the 1-based ones `left_out`, as the step timer leaves out
     its warm-up and the ledger's step) of their micro-batches' mean length."""
     import statistics
 
     import torch
-    from transformers.trainer_pt_utils import get_length_grouped_indices
 
-    generator = torch.Generator().manual_seed(seed)
-    # Trainer groups by the optimizer step's examples (its LengthGroupedSampler's batch size)
-    order = (get_length_grouped_indices(lengths, micro_batch * accumulation, generator=generator) if grouped
-             else torch.randperm(len(lengths), generator=generator).tolist())
+    # the job's sampler groups by the optimizer step's examples
+    order = (length_bucketed_order(lengths, micro_batch * accumulation, seed) if grouped
+             else torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist())
     padded = []
     for start in range(0, len(order), micro_batch):
         longest = max(lengths[i] for i in order[start:start + micro_batch])
@@ -241,4 +254,4 @@ def typical_padded_length(lengths: list[int], micro_batch: int, accumulation: in
     return round(statistics.median(timed))
 
 
-__all__ = ["TextData", "load", "load_frames", "tweets_path", "typical_padded_length"]
+__all__ = ["TextData", "length_bucketed_order", "load", "load_frames", "tweets_path", "typical_padded_length"]

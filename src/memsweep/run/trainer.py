@@ -26,6 +26,7 @@ from transformers import Trainer, TrainerCallback
 from . import stopping
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import offload, optim
+from .data import length_bucketed_order
 from .model import pad_token_id
 from .plan import Plan
 
@@ -47,15 +48,7 @@ class LengthBucketSampler(Sampler):
         self.epoch = epoch
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=g).tolist()
-        chunk = self.batch_size * self.bucket
-        batches = []
-        for start in range(0, len(order), chunk):
-            part = sorted(order[start:start + chunk], key=lambda i: self.lengths[i], reverse=True)
-            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
-        for b in torch.randperm(len(batches), generator=g).tolist():
-            yield from batches[b]
+        yield from length_bucketed_order(self.lengths, self.batch_size, self.seed + self.epoch, self.bucket)
 
 
 def pad_batch(batch: dict, length: int, pad_token_id: int) -> dict:
