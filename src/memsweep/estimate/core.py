@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ..config import rules
 from ..config.schema import Config, HardwareConf
 from ..measure import shapes
-from ..run import results, task
+from ..run import host_memory, results, task
 from ..run.plan import build_plan
 from ..sweep.sweepdir import ESTIMATE_FILE
 from . import adjust, roofline
@@ -83,7 +83,8 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
     tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
     config, source = model_config(job)
     adjusted = traced.get("adjustment")
-    timing = roofline.step_time(traced, plan, profile)
+    # pages come anew only where freed host memory goes back to the OS: not under the job's malloc_reuse
+    timing = roofline.step_time(traced, plan, profile, pages_anew=not (job.malloc_reuse or host_memory.in_effect()))
     tokens = plan.micro_batch_size * plan.accumulation_steps * job.max_seq_len
     return Estimate(
         method="adjusted trace" if adjusted else "trace", method_reason=adjusted, hardware=profile.name,

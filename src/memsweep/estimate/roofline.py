@@ -36,11 +36,12 @@ call costs what this CPU measured (measure/peak.py): a model's op the time of a 
 backward (1 x 8 tokens, next to no work) over its ops, an optimizer's op a bare call from a Python loop.
 And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
 bytes: those ops take their draws at the rate this CPU draws them (measured); a GPU's dropout kernel draws
-in registers (Philox) and stays bound by its bytes. And a CPU pages in anew each tensor of more than 32 MiB a step
-makes (glibc's malloc maps it fresh and unmaps it on free; the kernel faults in each 4 KiB page on its first
-touch): the step adds this CPU's measured cost per page for those the trace's step allocates (capture.paged_in;
-MiniLM's word-embedding gradient, 47 MB each micro-batch: 11,446 pages at 1.6 us here). A GPU's caching
-allocator keeps its blocks.
+in registers (Philox) and stays bound by its bytes. And where a job hands freed host memory back to the OS
+(`malloc_reuse=false`; run/host_memory.py keeps it by default) a CPU pages in anew each tensor of more than 32 MiB
+a step makes (glibc's malloc maps it fresh and unmaps it on free; the kernel faults in each 4 KiB page on its
+first touch): the step adds this CPU's measured cost per page for those the trace's step allocates
+(capture.paged_in; MiniLM's word-embedding gradient, 47 MB each micro-batch: 11,446 pages at 1.6 us here). A GPU's
+caching allocator keeps its blocks.
 
 What the sum holds, because it is the step the memory trace runs: forward, backward with checkpointing's
 recomputed forward, gradient clipping, the optimizer step (memory-bound: it reads and writes every state
@@ -273,12 +274,13 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
                  traffic_hidden=not on_gpu, s_per_page=per_page)
 
 
-def step_time(traced: dict, plan, profile) -> dict:
+def step_time(traced: dict, plan, profile, pages_anew: bool = False) -> dict:
     """The predicted time of one optimizer step: on a GPU the host's launches of the ops and the device's
     kernels (queued_s: accumulation x a micro-batch's forward + backward, then the optimizer step); on a CPU
     the ops' sum; plus activation offload's host copies (save_on_cpu: each saved tensor to the host in forward
     and back in backward, over the host link). With its parts; `step_s` None with the reason where it cannot
-    be predicted."""
+    be predicted. `pages_anew`: the process hands freed host memory back to the OS (no malloc_reuse), so on a CPU
+    the step's large tensors are paged in again each time they are made."""
     rates = rates_of(profile, plan.techniques.precision.compute)
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
@@ -295,7 +297,7 @@ def step_time(traced: dict, plan, profile) -> dict:
     dispatch_s = (accumulation * ops * rates.host_s_per_op
                   + on_device * parts["ops"]["step"] * rates.host_s_per_step_op)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
-    paged = traced.get("paged_in_bytes") or {}
+    paged = (traced.get("paged_in_bytes") or {}) if pages_anew else {}
     pages_s = (accumulation * (paged.get("forward", 0) + paged.get("backward", 0)) + on_device * paged.get("step", 0)
                ) / peak.PAGE * rates.s_per_page
     if rates.serial:
