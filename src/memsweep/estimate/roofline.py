@@ -95,7 +95,6 @@ class Rates:
     random_per_s: float = 0.0  # random numbers drawn per second; 0: drawing is never what an op waits for
     serial: bool = False  # the ops run on the thread that calls them (a CPU): each op's call, then its work
     traffic_hidden: bool = True  # a FLOP-counted op's bytes move while it computes; False: before and after
-    s_per_page: float = 0.0  # a fresh page's first touch (a CPU's large tensors, measure/peak.py); 0: none
 
 
 class Roofline(RuntimeEstimator):
@@ -255,13 +254,11 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
     flops = {k: v * 1e12 * (MATMUL_CEILING if on_gpu else 1.0) for k, v in profile.tflops.items()}
     memory, host, source = profile.memory_gbs, profile.host_link_gbs, "profile (datasheet)"
     per_op, per_step_op, random_per_s = (HOST_S_PER_OP, HOST_S_PER_STEP_OP, 0.0) if on_gpu else (0.0, 0.0, 0.0)
-    per_page = 0.0
     if on_gpu and memory:
         memory, source = memory * MEMORY_CEILING, "profile (datasheet) x the ceilings measured on an H200"
     if profile.device == "cpu":
         measured = peak.cpu_rates()  # what an op costs this CPU beyond its work, whatever the rates' source
         per_op, per_step_op, random_per_s = measured["s_per_op"], measured["s_per_step_op"], measured["random_per_s"]
-        per_page = measured["s_per_page_fault"]
         if not flops or memory is None:
             flops, memory, host = {**measured["flops"], **flops}, memory or measured["memory_gbs"], None
             source = f"this CPU, measured at start-up ({measured['threads']} threads)"
@@ -271,7 +268,7 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
                  fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source,
                  host_s_per_op=per_op, host_s_per_step_op=per_step_op,
                  kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0, serial=not on_gpu, random_per_s=random_per_s,
-                 traffic_hidden=not on_gpu, s_per_page=per_page)
+                 traffic_hidden=not on_gpu)
 
 
 def step_time(traced: dict, plan, profile, pages_anew: bool = False) -> dict:
@@ -297,15 +294,16 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False) -> dict:
     dispatch_s = (accumulation * ops * rates.host_s_per_op
                   + on_device * parts["ops"]["step"] * rates.host_s_per_step_op)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
-    paged = (traced.get("paged_in_bytes") or {}) if pages_anew else {}
+    paged = (traced.get("paged_in_bytes") or {}) if pages_anew and rates.serial else {}  # a GPU's allocator caches
+    per_byte = peak.fresh_page_s() / peak.PAGE if any(paged.values()) else 0.0
     pages_s = (accumulation * (paged.get("forward", 0) + paged.get("backward", 0)) + on_device * paged.get("step", 0)
-               ) / peak.PAGE * rates.s_per_page
+               ) * per_byte
     if rates.serial:
         queue_s = device_s + dispatch_s + pages_s
     else:
         queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
     out = {"step_s": queue_s + host_s, "forward_s": parts["forward"], "backward_s": parts["backward"],
-           "forward_only_s": forward_only_s(sequence, parts, rates) + paged.get("forward", 0) / peak.PAGE * rates.s_per_page,
+           "forward_only_s": forward_only_s(sequence, parts, rates) + paged.get("forward", 0) * per_byte,
            "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
            "device_s": device_s, "dispatch_s": dispatch_s, "paged_in_s": pages_s,
            "idle_s": queue_s - device_s - pages_s,  # waiting for launches

@@ -122,8 +122,7 @@ def seconds_per_page_fault(nbytes: int = 64 * 2**20) -> float:
 
 def cpu_rates() -> dict:
     """FLOP/s for fp32 (and bf16 where it runs natively), memory GB/s, the time per op beyond its work (of a
-    model's forward and backward, of an optimizer's loop), random draws per second, a fresh page's first touch,
-    the thread count: measured
+    model's forward and backward, of an optimizer's loop), random draws per second, the thread count: measured
     once per thread count torch runs with."""
     return measured_at(torch.get_num_threads())
 
@@ -138,5 +137,15 @@ def measured_at(threads: int) -> dict:
     if bf16:
         flops["bf16"] = matmul_flops(torch.bfloat16)
     return {"flops": flops, "memory_gbs": copy_bytes_s() / 1e9, "s_per_op": seconds_per_op(),
-            "s_per_step_op": seconds_per_call(), "random_per_s": random_per_s(),
-            "s_per_page_fault": seconds_per_page_fault(), "threads": torch.get_num_threads()}
+            "s_per_step_op": seconds_per_call(), "random_per_s": random_per_s(), "threads": torch.get_num_threads()}
+
+
+def fresh_page_s() -> float:
+    """seconds_per_page_fault at the thread count torch runs with, measured once per count, and only when a job
+    needs it (one that hands freed host memory back: run/host_memory.py keeps it by default)."""
+    return _fresh_page_at(torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=4)
+def _fresh_page_at(threads: int) -> float:
+    return seconds_per_page_fault()
