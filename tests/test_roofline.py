@@ -224,7 +224,7 @@ def test_a_cpu_pages_in_each_large_tensor_a_step_makes_where_freed_memory_goes_b
     from memsweep.measure import peak
     from memsweep.run import host_memory
 
-    big = peak.MMAP_THRESHOLD_MAX + 4096
+    big = host_memory.MMAP_THRESHOLD_MAX + 4096
     events = [("alloc", "weights", big),  # alive before the step: no tensor the step makes
               ("mark", "forward"), ("alloc", "a", 1024), ("mark", "backward"), ("alloc", "g", big),
               ("mark", "forward"), ("mark", "backward"), ("alloc", "g2", big), ("free", "g2"),

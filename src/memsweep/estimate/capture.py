@@ -273,8 +273,8 @@ def tensor_reading(events, categories: dict) -> dict[str, Any]:
 
 def paged_in(events, micro_batches: int) -> dict[str, float]:
     """The bytes of the tensors made in each phase of the step (per micro-batch in forward and backward) that a
-    CPU pages in anew: those over glibc's largest mmap threshold (measure/peak.py), fresh pages each time."""
-    from ..measure.peak import MMAP_THRESHOLD_MAX
+    CPU pages in anew: those over glibc's largest mmap threshold (run/host_memory.py), fresh pages each time."""
+    from ..run.host_memory import MMAP_THRESHOLD_MAX
 
     phase, out = None, {"forward": 0.0, "backward": 0.0, "step": 0.0}  # what is alive before: not made here
     for event in events:

@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from ..run.host_memory import PAGE  # what a fresh page is (glibc's malloc)
+
 
 def median_rate(run, work: float, seconds: float, sync=lambda: None) -> float:
     """Median of work / time over about `seconds` of calls, after two warm-up calls; `sync` waits for the
@@ -97,14 +99,6 @@ def random_per_s(numel: int = 2 ** 22, seconds: float = 0.3) -> float:
     """Random numbers this CPU draws per second as dropout draws its mask (`bernoulli_`, 16 MiB of them)."""
     x = torch.empty(numel)
     return median_rate(lambda: x.bernoulli_(0.9), numel, seconds)
-
-
-# glibc's malloc serves a request above its mmap threshold with fresh pages from the kernel and gives them
-# back on free; the threshold adapts to freed sizes up to DEFAULT_MMAP_THRESHOLD_MAX (4 MiB x sizeof(long)
-# = 32 MiB on 64-bit: glibc malloc/malloc.c, mallopt(3)), so a tensor of more than 32 MiB is paged in anew
-# each time it is made: the kernel faults in and zeroes each 4 KiB page on its first touch.
-MMAP_THRESHOLD_MAX = 32 * 2**20
-PAGE = 4096
 
 
 def seconds_per_page_fault(nbytes: int = 64 * 2**20) -> float:

@@ -24,6 +24,10 @@ M_MMAP_MAX = -4
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: ~2 GiB free at the heap top before any trim
 MMAP_THRESHOLD_MIN = 128 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MIN: its mmap threshold before any adapting
 MMAP_MAX_DEFAULT = 65536  # glibc's DEFAULT_MMAP_MAX
+# glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit (4 MiB x sizeof(long)): the adaptive threshold stops here, so without
+# reuse a larger block is mapped, and its 4 KiB pages faulted in, each time it is made
+MMAP_THRESHOLD_MAX = 32 * 2**20
+PAGE = 4096
 
 _applied = False
 _mapping_each_block = False
