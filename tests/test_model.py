@@ -77,3 +77,17 @@ def test_smollm2_is_built_from_its_package_into_a_plain_pretrained_decoder():
     with torch.no_grad():
         loss = m(**batch, labels=batch["input_ids"]).loss.item()
     assert loss < 4.5, loss
+
+
+def test_a_tiny_models_checkpoint_folder_goes_when_its_process_ends():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from memsweep.run import model; from memsweep.config.schema import ModelConf, ModelSource; "
+            "m = model.load_model(ModelConf(source=ModelSource.tiny, architecture='bert', hidden_size=32, num_layers=1, "
+            "num_heads=2, intermediate_size=64), num_labels=2, load_kwargs={}); "
+            "print(next(iter(model._TINY_DIRS.values())))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    folder = Path(out.stdout.strip().splitlines()[-1])
+    assert folder.name.startswith("memsweep-tiny-") and not folder.exists()

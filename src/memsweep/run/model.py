@@ -200,8 +200,11 @@ def tiny_checkpoint(config, auto_class) -> str:
     """A folder holding the randomly initialised model (seeded), built once per process.
 
     Loading it back with `from_pretrained` lets every load-time technique (dtype, quantization,
-    device placement, attention kernel) act on a tiny model exactly as on a real checkpoint.
+    device placement, attention kernel) act on a tiny model exactly as on a real checkpoint. The folder
+    goes when the process ends: a sweep's processes would otherwise fill the disk with them.
     """
+    import atexit
+    import shutil
     import tempfile
 
     import torch
@@ -209,6 +212,7 @@ def tiny_checkpoint(config, auto_class) -> str:
     key = auto_class.__name__ + config.to_json_string()
     if key not in _TINY_DIRS:
         folder = tempfile.mkdtemp(prefix="memsweep-tiny-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         with torch.random.fork_rng():
             torch.manual_seed(0)
             auto_class.from_config(config).save_pretrained(folder)
