@@ -112,9 +112,28 @@ def test_a_rank_that_runs_out_of_memory_makes_the_job_oom_with_its_reason(tmp_pa
     # attention per rank needs several GiB
     res = run_job(BASE + ["distributed.nproc=2", "hardware=cpu", "hardware.memory_gib=0.5", "batch_size=128",
                           "max_seq_len=512", "attention=eager"], tmp_path / "job")
-    # both ranks run out; whichever reports first gives the reason (a race on a loaded machine)
+    # both ranks may run out; either reason is the cause (the one stopped by torchrun ends interrupted)
     assert res["status"] == "oom" and re.match(r"\w+: rank [01]: ", res["reason"]), res["reason"]
     assert (tmp_path / "job" / "results.json").exists()
+
+
+def test_the_rank_that_failed_gives_the_jobs_status_not_the_ranks_torchrun_stopped_after_it(tmp_path, monkeypatch):
+    # rank 1 runs out of memory; torchrun then stops rank 0, which ends interrupted: the job is oom for rank 1's reason
+    from conftest import job_of
+
+    from memsweep.run import launch, rank, results
+
+    def ranks_end(job, job_dir):
+        for num, status in ((0, "interrupted"), (1, "oom")):
+            (job_dir / rank.RANKS_DIR / f"rank{num}").mkdir(parents=True)
+            results.write(job_dir / rank.RANKS_DIR / f"rank{num}" / rank.ERROR_FILE,
+                          {"rank": num, "status": status, "reason": f"{status} here"})
+        return 1
+
+    monkeypatch.setattr(launch, "run_torchrun", ranks_end)
+    job, _ = job_of(BASE + ["distributed.nproc=2"])
+    with pytest.raises(MemoryError, match="rank 1: oom here"):
+        launch.run_ranks(job, tmp_path, results.Result.start([], ""))
 
 
 def test_slurm_style_tasks_run_the_ranks_instead_of_torchrun(tmp_path):

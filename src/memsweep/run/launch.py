@@ -104,8 +104,10 @@ def run_ranks(job, job_dir: Path, res: Result) -> None:
     if not errors:
         stopping.check(f"while its ranks ran (torchrun exited with {returncode})")
         raise RuntimeError(f"the ranks exited with {returncode} and none left a result or an error")
-    status, reason = errors[0]["status"], f"rank {errors[0]['rank']}: {errors[0]['reason']}"
-    raise STATUS_EXCEPTIONS.get(status, RuntimeError)(reason)
+    # torchrun stops the other ranks when one fails, and each of them ends `interrupted`: the cause is a rank
+    # that ended otherwise (all interrupted only when a person or the cluster stopped the job)
+    cause = next((e for e in errors if e["status"] != "interrupted"), errors[0])
+    raise STATUS_EXCEPTIONS.get(cause["status"], RuntimeError)(f"rank {cause['rank']}: {cause['reason']}")
 
 
 def run_torchrun(job, job_dir: Path) -> int:
