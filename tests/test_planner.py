@@ -7,7 +7,7 @@ from conftest import job_of
 
 from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
-from memsweep.estimate.core import estimate_job
+from memsweep.estimate.core import device_key, estimate_job
 from memsweep.planner import batch, depth, floor, parallel, search, space, table, twin
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
@@ -37,7 +37,11 @@ def test_a_micro_batch_from_two_traces_matches_its_full_trace():
     variant, gpu, memo = space.variant(job, combo, 8), load_profile("a100_40gb"), {}
     made = depth.row_figures(variant, [gpu], memo, None)
     assert batch.derived(variant, gpu, memo) and "micro-batch from" in made["method"]  # not traced itself
-    traced = estimate_job(variant, gpu)
+    own = {}
+    traced = estimate_job(variant, gpu, own)
+    # each product's shapes on their lines too (a CPU times them at their shapes: roofline.products_s)
+    key = device_key(variant, gpu)
+    assert memo[key]["roofline_products"] == own[key]["roofline_products"] != []
     scaled, full = made["per_gpu"][gpu.name], depth.figures(traced)
     # each allocation on its line, replayed: the same step, to the byte, on the safe side of packing too
     for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
@@ -56,7 +60,10 @@ def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
     estimate_job(space.variant(job, combo, 2), t4, memo)
     made = depth.row_figures(fp16, [t4], memo, None)
     assert "the bf16 trace" in made["method"]
-    scaled, full = made["per_gpu"][t4.name], depth.figures(estimate_job(fp16, t4))
+    own = {}
+    scaled, full = made["per_gpu"][t4.name], depth.figures(estimate_job(fp16, t4, own))
+    # the products read in fp16 as they are traced in fp16
+    assert memo[device_key(fp16, t4)]["roofline_products"] == own[device_key(fp16, t4)]["roofline_products"] != []
     for key in ("peak_bytes", "allocated_bytes", "reserved_bytes", "step_s"):
         assert scaled[key] == pytest.approx(full[key], rel=twin.TOLERANCE), key
 

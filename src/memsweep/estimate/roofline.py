@@ -31,7 +31,11 @@ The host launches, the GPU runs each op once launched and after the one before (
 small ops waits on the host (bert-base bf16 at 32 x 128 tokens in a plain loop: 11.1 ms of kernels in a
 52-55 ms step), one of large matmuls on the GPU (fp32: 56.4 ms of kernels in a 57.5-59.2 ms step).
 A CPU profile's rates are measured on this CPU at start-up: no ceiling applies, and the ops run on the
-thread that calls them, so a CPU step is each op's call and then its work, one after the other. An op's
+thread that calls them, so a CPU step is each op's call and then its work, one after the other. A
+1,024-square product's rate is a product's best: the step's own products (mm, addmm, bmm, baddbmm) are
+timed on this CPU at their shapes, strides and dtype, their operands out of the caches as a step's are
+(measure/peak.product_s). MiniLM at 1 x 32 tokens in a plain loop: its products took 38.7 of a micro-batch's
+67 ms, where the square rate said 23; timed so, each shape came within 0.8-1.0 of its in-model time. An op's
 call costs what this CPU measured (measure/peak.py): a model's op the time of a tiny BERT's forward and
 backward (1 x 8 tokens, next to no work) over its ops, an optimizer's op a bare call from a Python loop.
 And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
@@ -79,6 +83,8 @@ HOST_S_PER_STEP_OP = 6.7e-6
 KERNEL_MIN_S = 3e-6
 PHASES = ("forward", "backward", "step")
 RANDOM = "random"  # an op's record whose count is random numbers drawn, not FLOPs
+# the products a CPU step is timed at their own shapes (timed_products)
+PRODUCTS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm)
 FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
@@ -95,6 +101,7 @@ class Rates:
     random_per_s: float = 0.0  # random numbers drawn per second; 0: drawing is never what an op waits for
     serial: bool = False  # the ops run on the thread that calls them (a CPU): each op's call, then its work
     traffic_hidden: bool = True  # a FLOP-counted op's bytes move while it computes; False: before and after
+    timed_products: bool = False  # the step's products timed on this CPU at their own shapes (peak.product_s)
 
 
 class Roofline(RuntimeEstimator):
@@ -107,6 +114,8 @@ class Roofline(RuntimeEstimator):
         super().__init__()
         self.ops, self.phase = Counter(), "forward"  # (phase, dtype key, FLOPs, bytes) -> how many ops
         self.sequence: list[tuple] = []  # the same, one per op in the order run (planner/batch.py reads it)
+        # each product's call as this CPU can run it again (timed_products): (phase, op, its operands, its record)
+        self.products = Counter()
         self._estimate, self._estimate_mode_type = self.op_cost, "operator-level-cost-model"
 
     def mark(self, name: str) -> None:
@@ -134,6 +143,8 @@ class Roofline(RuntimeEstimator):
         elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):  # CPU dropout's mask: one draw each
             flops, key = out.numel(), RANDOM
         self.ops[(self.phase, key, flops, int(moved))] += 1
+        if packet in PRODUCTS:
+            self.products[(self.phase, str(func), operands(args, kwargs), key, flops, int(moved))] += 1
         self.sequence.append((self.phase, key, flops, int(moved)))
         return out, 0.0
 
@@ -150,6 +161,19 @@ class Roofline(RuntimeEstimator):
     def __exit__(self, *args) -> None:
         # RuntimeEstimator's own __exit__ prints its total; the estimate reports it instead
         TorchDispatchMode.__exit__(self, *args)
+
+
+def operands(args, kwargs) -> Optional[tuple]:
+    """A product's arguments as this CPU can make them again: each tensor's (shape, strides, dtype), each
+    scalar as it is; None where an argument is neither (no such product is timed)."""
+    out = []
+    for name, value in [*((None, arg) for arg in args), *sorted((kwargs or {}).items())]:
+        if isinstance(value, torch.Tensor):
+            value = ("tensor", tuple(value.shape), tuple(value.stride()), str(value.dtype).removeprefix("torch."))
+        elif not isinstance(value, (int, float, bool)):
+            return None
+        out.append((name, value))
+    return tuple(out)
 
 
 def dtype_key(args) -> str:
@@ -174,6 +198,11 @@ def recording():
 def reading(roofline: Roofline) -> list:
     """The record as the trace stores it: [phase, dtype key, FLOPs, bytes, count] per distinct op cost."""
     return [[*key, n] for key, n in sorted(roofline.ops.items())]
+
+
+def products_reading(roofline: Roofline) -> list:
+    """The products as the trace stores them: [phase, op, operands, dtype key, FLOPs, bytes, count] each."""
+    return [[*key, n] for key, n in roofline.products.items() if key[2] is not None]
 
 
 def micro_batch_flops(ops: list) -> int:
@@ -212,6 +241,15 @@ def seconds(ops: list, rates: Rates) -> dict:
         out[phase] += n * took
         out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += n * took
     return {**out, "no_rate": sorted(no_rate)}
+
+
+def products_s(products: list, rates: Rates) -> dict:
+    """Per phase, what timing the step's products on this CPU at their own shapes (peak.product_s) adds to their
+    roofline at its rates (a 1,024-square product's: each product's best)."""
+    out = dict.fromkeys(PHASES, 0.0)
+    for phase, op, operands, key, flops, moved, n in products:
+        out[phase] += n * (peak.product_s(op, operands) - op_time(key, flops, moved, rates))
+    return out
 
 
 def queued_s(sequence: list, rates: Rates, accumulation: int) -> float:
@@ -268,7 +306,7 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
                  fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source,
                  host_s_per_op=per_op, host_s_per_step_op=per_step_op,
                  kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0, serial=not on_gpu, random_per_s=random_per_s,
-                 traffic_hidden=not on_gpu)
+                 traffic_hidden=not on_gpu, timed_products=source.startswith("this CPU"))
 
 
 def step_time(traced: dict, plan, profile, pages_anew: bool = False) -> dict:
@@ -282,6 +320,9 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False) -> dict:
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
     parts = seconds(traced["roofline_ops"], rates)
+    if rates.timed_products:
+        for phase, took in products_s(traced.get("roofline_products") or [], rates).items():
+            parts[phase] += took
     accumulation = plan.accumulation_steps
     offloaded = traced.get("offloaded_bytes_per_micro_batch", 0)
     if offloaded and rates.host_bytes_s is None:

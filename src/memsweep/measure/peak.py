@@ -114,6 +114,52 @@ def seconds_per_page_fault(nbytes: int = 64 * 2**20) -> float:
     return max(0.0, 1 / median_rate(fresh, 1.0, 0.3) - touched) / (nbytes // PAGE)
 
 
+def last_cache_bytes() -> int:
+    """The CPU's last-level cache (Linux sysfs: the highest cache index of cpu0); 32 MiB where it says none."""
+    import glob
+    from pathlib import Path
+
+    sizes = [Path(f).read_text().strip() for f in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"))]
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(sizes[-1][:-1]) * units[sizes[-1][-1]] if sizes and sizes[-1][-1] in units else 32 * 2**20
+
+
+def product_s(op: str, operands: tuple) -> float:
+    """What one product of a step (roofline.PRODUCTS) takes this CPU at its own shapes, strides and dtype,
+    with its operands out of the caches as a step's are (each layer's weights and activations are read once,
+    and the step's bytes are far more than the caches hold): median over calls, each on its own copy of the
+    operands, the copies together twice the last-level cache (triton's do_bench flushes the cache between
+    calls for the same reason). A 1,024-square product's rate is a product's best: at a step's shapes (32 rows
+    of a 384-wide MiniLM) cold operands take 1.5-1.6 times as long."""
+    return _product_at(op, operands, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=4096)
+def _product_at(op: str, operands: tuple, threads: int) -> float:
+    namespace, name, overload = op.split(".")
+    func = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    size = sum(torch.empty(0, dtype=getattr(torch, v[3])).element_size() * (1 + sum((n - 1) * st for n, st in zip(v[1], v[2])))
+               for _, v in operands if isinstance(v, tuple))
+    copies = max(3, min(64, 2 * last_cache_bytes() // max(size, 1)))
+
+    def made(value):
+        if not isinstance(value, tuple):
+            return value
+        shape, strides, dtype = value[1], value[2], getattr(torch, value[3])
+        return torch.empty_strided(shape, strides, dtype=dtype).fill_(1.0)  # a product's speed is not its values
+
+    calls = [([made(v) for k, v in operands if k is None], {k: made(v) for k, v in operands if k is not None})
+             for _ in range(copies)]
+    took, spent, at = [], 0.0, 0
+    while len(took) < 5 or (spent < 0.02 and len(took) < 200):
+        args, kwargs = calls[at % copies]
+        start = time.perf_counter()
+        func(*args, **kwargs)
+        took.append(time.perf_counter() - start)
+        spent, at = spent + took[-1], at + 1
+    return statistics.median(took[1:])
+
+
 def cpu_rates() -> dict:
     """FLOP/s for fp32 (and bf16 where it runs natively), memory GB/s, the time per op beyond its work (of a
     model's forward and backward, of an optimizer's loop), random draws per second, the thread count: measured

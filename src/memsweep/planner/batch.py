@@ -4,7 +4,7 @@ Why it holds: the traced step at micro-batch m (accumulation batch_size / m, so 
 as the trace measures any accumulation of 2 or more) runs the same ops in the same order for every m of 2
 or more, and every tensor it allocates is either of the model (weights, gradients, optimizer state: the same
 bytes at every m) or of the batch (activations, logits, the batch itself: bytes proportional to m), so each
-allocation's bytes, and each op's FLOPs and bytes moved, lie on a line in m. The step at another m is then
+allocation's bytes, each op's FLOPs and bytes moved, and each product's operand sizes, lie on a line in m. The step at another m is then
 the events of two traces (BASES) with each size read off its line, replayed through the allocator model as a
 traced step's are: peak, reserved and the roofline come out as the trace would give them.
 
@@ -73,7 +73,8 @@ def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
         return None
     events = lined_up(low["events"], high["events"], m, key=lambda e: e[:2])
     sequence = lined_up(low["roofline_sequence"], high["roofline_sequence"], m, key=lambda op: op[:2], sizes=(2, 3))
-    if events is None or sequence is None:
+    products = products_at(low.get("roofline_products") or [], high.get("roofline_products") or [], m)
+    if events is None or sequence is None or products is None:
         return None
     reductions = {key: (shape_at(spec[0], high["reductions"][key][0], m), *spec[1:])
                   for key, spec in low.get("reductions", {}).items()}
@@ -83,8 +84,32 @@ def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
     # the allocator's reading is made for the GPU at hand (trace.for_gpu): its kernels' scratch depends on it
     kept = {k: v for k, v in low.items() if k not in PER_GPU}
     return {**kept, **reading, "optimizer_bytes": low["optimizer_bytes"], "recorded_peak_bytes": reading["peak_bytes"],
-            "events": events, "reductions": reductions, "roofline_sequence": sequence,
+            "events": events, "reductions": reductions, "roofline_sequence": sequence, "roofline_products": products,
             "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}
+
+
+def products_at(low: list, high: list, m: int) -> Optional[list]:
+    """The step's products (roofline.products_reading) at m: each operand's sizes and strides, FLOPs and bytes on
+    their lines; None where the two lists do not line up."""
+    if len(low) != len(high):
+        return None
+    out = []
+    for a, b in zip(low, high):
+        if a[:2] != b[:2] or a[3] != b[3] or a[6] != b[6] or len(a[2]) != len(b[2]):
+            return None
+        operands = []
+        for (name, x), (other, y) in zip(a[2], b[2]):
+            if name != other or isinstance(x, tuple) != isinstance(y, tuple) or (not isinstance(x, tuple) and x != y):
+                return None
+            sizes = [shape_at(x[i], y[i], m) if len(x[i]) == len(y[i]) else None for i in (1, 2)] if isinstance(x, tuple) else []
+            if None in sizes or (isinstance(x, tuple) and x[3] != y[3]):
+                return None
+            operands.append((name, (x[0], *sizes, x[3]) if isinstance(x, tuple) else x))
+        flops, moved = between(a[4], b[4], m), between(a[5], b[5], m)
+        if flops is None or moved is None:
+            return None
+        out.append([a[0], a[1], tuple(operands), a[3], flops, moved, a[6]])
+    return out
 
 
 def shape_at(low: tuple, high: tuple, m: int) -> Optional[tuple]:

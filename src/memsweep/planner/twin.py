@@ -33,6 +33,13 @@ def twin_of(job: Config) -> Config | None:
     return None if other is None else dataclasses.replace(job, precision=dataclasses.replace(job.precision, name=other))
 
 
+def retyped(operands: tuple, theirs: str, ours: str) -> tuple:
+    """A product's operands (roofline.operands) with the twin's 2-byte dtype read as ours."""
+    names = {"fp16": "float16", "bf16": "bfloat16"}
+    return tuple((name, (*value[:3], names[ours] if value[3] == names[theirs] else value[3])
+                  if isinstance(value, tuple) else value) for name, value in operands)
+
+
 def from_twin(job: Config, profile: HardwareConf, memo: dict):
     """The estimate of `job` from its twin's trace where the memo holds one, else None."""
     twin, started = twin_of(job), time.perf_counter()
@@ -45,6 +52,9 @@ def from_twin(job: Config, profile: HardwareConf, memo: dict):
 
     ops = [list(relabel(*op)) for op in traced["roofline_ops"]]
     sequence = [relabel(*op) for op in traced.get("roofline_sequence") or []]
-    relabelled = {**traced, "roofline_ops": ops, "roofline_sequence": sequence, "twin": theirs}
+    products = [[phase, op, retyped(operands, theirs, ours), *relabel(phase, key, *rest)[1:]]
+                for phase, op, operands, key, *rest in traced.get("roofline_products") or []]
+    relabelled = {**traced, "roofline_ops": ops, "roofline_sequence": sequence, "roofline_products": products,
+                  "twin": theirs}
     memo[device_key(job, profile)] = relabelled
     return assemble(job, profile, build_plan(job, profile), relabelled, started)
