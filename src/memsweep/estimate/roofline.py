@@ -72,6 +72,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.runtime_estimator import RuntimeEstimator
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import products
 from ..measure import peak
 
 GB = 1e9
@@ -83,8 +84,6 @@ HOST_S_PER_STEP_OP = 6.7e-6
 KERNEL_MIN_S = 3e-6
 PHASES = ("forward", "backward", "step")
 RANDOM = "random"  # an op's record whose count is random numbers drawn, not FLOPs
-# the products a CPU step is timed at their own shapes (timed_products)
-PRODUCTS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm)
 FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
@@ -143,8 +142,8 @@ class Roofline(RuntimeEstimator):
         elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):  # CPU dropout's mask: one draw each
             flops, key = out.numel(), RANDOM
         self.ops[(self.phase, key, flops, int(moved))] += 1
-        if packet in PRODUCTS:
-            self.products[(self.phase, str(func), operands(args, kwargs), key, flops, int(moved))] += 1
+        if packet in products.PRODUCTS:
+            self.products[(self.phase, str(func), products.operands(args, kwargs), key, flops, int(moved))] += 1
         self.sequence.append((self.phase, key, flops, int(moved)))
         return out, 0.0
 
@@ -161,19 +160,6 @@ class Roofline(RuntimeEstimator):
     def __exit__(self, *args) -> None:
         # RuntimeEstimator's own __exit__ prints its total; the estimate reports it instead
         TorchDispatchMode.__exit__(self, *args)
-
-
-def operands(args, kwargs) -> Optional[tuple]:
-    """A product's arguments as this CPU can make them again: each tensor's (shape, strides, dtype), each
-    scalar as it is; None where an argument is neither (no such product is timed)."""
-    out = []
-    for name, value in [*((None, arg) for arg in args), *sorted((kwargs or {}).items())]:
-        if isinstance(value, torch.Tensor):
-            value = ("tensor", tuple(value.shape), tuple(value.stride()), str(value.dtype).removeprefix("torch."))
-        elif not isinstance(value, (int, float, bool)):
-            return None
-        out.append((name, value))
-    return tuple(out)
 
 
 def dtype_key(args) -> str:
@@ -200,11 +186,6 @@ def reading(roofline: Roofline) -> list:
     return [[*key, n] for key, n in sorted(roofline.ops.items())]
 
 
-def products_reading(roofline: Roofline) -> list:
-    """The products as the trace stores them: [phase, op, operands, dtype key, FLOPs, bytes, count] each."""
-    return [[*key, n] for key, n in roofline.products.items() if key[2] is not None]
-
-
 def micro_batch_flops(ops: list) -> int:
     """The FLOPs of one micro-batch's forward and backward in the record: each op's by
     torch.utils.flop_counter's formulas, as FlopCounterMode counts them (the optimizer step's ops have none)."""
@@ -228,8 +209,9 @@ def op_time(key: str, flops: int, moved: int, rates: Rates) -> float:
     return compute_s + memory_s if compute_s and not rates.traffic_hidden else max(compute_s, memory_s)
 
 
-def seconds(ops: list, rates: Rates) -> dict:
-    """One micro-batch's forward and backward and the optimizer step, timed at `rates`; which ops bound it."""
+def seconds(ops: list, rates: Rates, timed: Optional[list] = None) -> dict:
+    """One micro-batch's forward and backward and the optimizer step, timed at `rates`, its products `timed` on
+    this CPU where given (products_s); which ops bound it."""
     out = {**{p: 0.0 for p in PHASES}, "compute_bound_s": 0.0, "memory_bound_s": 0.0, "ops": dict.fromkeys(PHASES, 0)}
     no_rate = set()
     for phase, key, flops, moved, n in ops:
@@ -240,6 +222,8 @@ def seconds(ops: list, rates: Rates) -> dict:
         took = op_time(key, flops, moved, rates)
         out[phase] += n * took
         out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += n * took
+    for phase, took in products_s(timed or [], rates).items():
+        out[phase] += took
     return {**out, "no_rate": sorted(no_rate)}
 
 
@@ -319,10 +303,7 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False) -> dict:
     rates = rates_of(profile, plan.techniques.precision.compute)
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
-    parts = seconds(traced["roofline_ops"], rates)
-    if rates.timed_products:
-        for phase, took in products_s(traced.get("roofline_products") or [], rates).items():
-            parts[phase] += took
+    parts = seconds(traced["roofline_ops"], rates, traced.get("roofline_products") if rates.timed_products else None)
     accumulation = plan.accumulation_steps
     offloaded = traced.get("offloaded_bytes_per_micro_batch", 0)
     if offloaded and rates.host_bytes_s is None:

@@ -17,7 +17,7 @@ from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
-from . import adjust, capture, fake, roofline, scratch, sharded, zero
+from . import adjust, capture, fake, products, roofline, scratch, sharded, zero
 from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
@@ -138,7 +138,7 @@ def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list, list]
     with roofline.recording() as ops:
         training_step(model, optimizer, [batch], plan, marks=ops)
     record = roofline.reading(ops)
-    return roofline.micro_batch_flops(record), record, ops.sequence, roofline.products_reading(ops)
+    return roofline.micro_batch_flops(record), record, ops.sequence, products.reading(ops)
 
 
 def measured_batches(job: Config, plan, model) -> list:

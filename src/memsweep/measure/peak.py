@@ -140,7 +140,7 @@ def _product_at(op: str, operands: tuple, threads: int) -> float:
     func = getattr(getattr(getattr(torch.ops, namespace), name), overload)
     size = sum(torch.empty(0, dtype=getattr(torch, v[3])).element_size() * (1 + sum((n - 1) * st for n, st in zip(v[1], v[2])))
                for _, v in operands if isinstance(v, tuple))
-    copies = max(3, min(64, 2 * last_cache_bytes() // max(size, 1)))
+    copies = max(2, min(64, 2 * last_cache_bytes() // max(size, 1)))  # two of more than the cache flush each other
 
     def made(value):
         if not isinstance(value, tuple):
@@ -151,7 +151,7 @@ def _product_at(op: str, operands: tuple, threads: int) -> float:
     calls = [([made(v) for k, v in operands if k is None], {k: made(v) for k, v in operands if k is not None})
              for _ in range(copies)]
     took, spent, at = [], 0.0, 0
-    while len(took) < 5 or (spent < 0.02 and len(took) < 200):
+    while len(took) < 3 or (spent < 0.05 and len(took) < 200):
         args, kwargs = calls[at % copies]
         start = time.perf_counter()
         func(*args, **kwargs)
