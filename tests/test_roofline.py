@@ -9,7 +9,7 @@ from conftest import job_of, run_job
 from torch.utils.flop_counter import FlopCounterMode
 
 from memsweep.config.hardware import load_profile
-from memsweep.estimate import meta, roofline, step, table, trace
+from memsweep.estimate import host_cost, meta, roofline, step, table, trace
 from memsweep.estimate.core import estimate_job
 from memsweep.run.plan import build_plan
 
@@ -131,7 +131,9 @@ def test_a_gpu_step_takes_the_longer_of_the_device_and_the_hosts_dispatch_of_its
     # the estimate's line (and estimate.md) says the predicted time and what paces it
     assert f"{small['step_s'] * 1e3:.1f} ms/step predicted (host dispatch)" in table.summary_line(asdict(small_est))
     assert small["bound"] == "host dispatch" and small["step_s"] == pytest.approx(small["dispatch_s"], rel=0.05)
+    # each forward and backward op at what a Llama's op costs a host (host_cost.py), each optimizer op at a bare call's
     assert small["dispatch_s"] == pytest.approx(small["ops_per_micro_batch"] * roofline.HOST_S_PER_OP
+                                                 * host_cost.relative("llama")
                                                  + small["ops_in_optimizer_step"] * roofline.HOST_S_PER_STEP_OP)
     large = estimate_job(*job_of(LLAMA + ["precision=bf16", "model.hidden_size=2048", "model.intermediate_size=5632",
                                           "model.num_layers=16", "batch_size=16", "max_seq_len=512"])).step_time
@@ -280,3 +282,24 @@ def test_a_products_operands_out_of_the_caches_take_this_cpu_longer_than_its_bes
     best = 2 * 32 * 384 * 1536 / peak.cpu_rates()["flops"]["fp32"]
     assert took > 1.15 * best
     assert peak.last_cache_bytes() >= 2**20
+
+
+def test_a_models_ops_cost_the_host_what_its_architecture_measured_relative_to_berts():
+    # a decoder's ops cost its host less than BERT's, a ViT's more (host_per_op.json); one not measured, BERT's
+    assert host_cost.relative("llama") < 0.8 < 1.2 < host_cost.relative("vit") and host_cost.relative("bert") == 1
+    assert host_cost.relative("an-architecture-never-measured") == 1
+
+
+@pytest.mark.slow
+def test_the_committed_host_costs_are_what_the_benchmark_measures_here():
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import host_per_op
+
+    measured = host_per_op.per_op_us({arch: host_per_op.ARCHITECTURES[arch] for arch in ("bert", "llama", "vit")}, rounds=3)
+    # as ratios: a machine's speed moves both sides; the ratios hold within the noise of a shared machine
+    for arch in ("llama", "vit"):
+        assert measured[arch] / measured["bert"] == pytest.approx(host_cost.relative(arch), rel=0.25), arch

@@ -26,7 +26,8 @@ benchmarks/gpu_rates.py, benchmarks/GPU.md) and is applied to every CUDA profile
 - HOST_S_PER_OP: an op of a model's forward or backward costs more (modules' Python, autograd's engine):
   bert-base's shape at 32 x 128 tokens under the Trainer, in bf16 and fp16 autocast, keeps the GPU busy
   for about 9 ms of a 48.6 / 44.8 ms step; less its 615 optimizer ops at 6.7 us, 44.4 / 40.5 us for each
-  of its 1,002 forward and backward ops (42 us taken; a plain loop without the Trainer: 21-32 us).
+  of its 1,002 forward and backward ops (42 us taken; a plain loop without the Trainer: 21-32 us); another
+  architecture's ops cost its host more or less than BERT's (host_cost.py: Llama's 0.64 of it, ViT's 1.39);
 The host launches, the GPU runs each op once launched and after the one before (queued_s): a step of
 small ops waits on the host (bert-base bf16 at 32 x 128 tokens in a plain loop: 11.1 ms of kernels in a
 52-55 ms step), one of large matmuls on the GPU (fp32: 56.4 ms of kernels in a 57.5-59.2 ms step).
@@ -72,7 +73,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.runtime_estimator import RuntimeEstimator
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import products
+from . import host_cost, products
 from ..measure import peak
 
 GB = 1e9
@@ -269,9 +270,10 @@ def forward_only_s(sequence: list, parts: dict, rates: Rates) -> float:
     return queued_s(forward, rates, 1)
 
 
-def rates_of(profile, compute_key: str) -> Optional[Rates]:
+def rates_of(profile, compute_key: str, model_type: Optional[str] = None) -> Optional[Rates]:
     """The profile's rates, or None where it has no memory bandwidth (a step cannot be timed). On a CPU
-    profile without them, this machine's, measured once (measure/peak.py)."""
+    profile without them, this machine's, measured once (measure/peak.py). A model's op costs the host what
+    `model_type`'s cost relative to BERT's (host_cost.py)."""
     on_gpu = profile.device == "cuda"
     flops = {k: v * 1e12 * (MATMUL_CEILING if on_gpu else 1.0) for k, v in profile.tflops.items()}
     memory, host, source = profile.memory_gbs, profile.host_link_gbs, "profile (datasheet)"
@@ -288,19 +290,19 @@ def rates_of(profile, compute_key: str) -> Optional[Rates]:
         return None
     return Rates(flops=flops, memory_bytes_s=memory * GB, host_bytes_s=host * GB if host else None,
                  fp32_key="tf32" if compute_key == "tf32" else "fp32", source=source,
-                 host_s_per_op=per_op, host_s_per_step_op=per_step_op,
+                 host_s_per_op=per_op * host_cost.relative(model_type), host_s_per_step_op=per_step_op,
                  kernel_min_s=KERNEL_MIN_S if on_gpu else 0.0, serial=not on_gpu, random_per_s=random_per_s,
                  traffic_hidden=not on_gpu, timed_products=source.startswith("this CPU"))
 
 
-def step_time(traced: dict, plan, profile, pages_anew: bool = False) -> dict:
+def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type: Optional[str] = None) -> dict:
     """The predicted time of one optimizer step: on a GPU the host's launches of the ops and the device's
     kernels (queued_s: accumulation x a micro-batch's forward + backward, then the optimizer step); on a CPU
     the ops' sum; plus activation offload's host copies (save_on_cpu: each saved tensor to the host in forward
     and back in backward, over the host link). With its parts; `step_s` None with the reason where it cannot
     be predicted. `pages_anew`: the process hands freed host memory back to the OS (no malloc_reuse), so on a CPU
-    the step's large tensors are paged in again each time they are made."""
-    rates = rates_of(profile, plan.techniques.precision.compute)
+    the step's large tensors are paged in again each time they are made; `model_type`'s ops cost the host theirs."""
+    rates = rates_of(profile, plan.techniques.precision.compute, model_type)
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
     parts = seconds(traced["roofline_ops"], rates, traced.get("roofline_products") if rates.timed_products else None)
