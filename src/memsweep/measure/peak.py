@@ -125,12 +125,12 @@ def last_cache_bytes() -> int:
 
 
 def product_s(op: str, operands: tuple) -> float:
-    """What one product of a step (roofline.PRODUCTS) takes this CPU at its own shapes, strides and dtype,
+    """What one product of a step (estimate/products.py) takes this CPU at its own shapes, strides and dtype,
     with its operands out of the caches as a step's are (each layer's weights and activations are read once,
     and the step's bytes are far more than the caches hold): median over calls, each on its own copy of the
     operands, the copies together twice the last-level cache (triton's do_bench flushes the cache between
-    calls for the same reason). A 1,024-square product's rate is a product's best: at a step's shapes (32 rows
-    of a 384-wide MiniLM) cold operands take 1.5-1.6 times as long."""
+    calls for the same reason). A 1,024-square product's rate is a product's best: MiniLM's forward products
+    at 32 rows took 1.5-1.6 times as long with cold operands as with hot ones, its weights' gradients 1.05-1.1."""
     return _product_at(op, operands, torch.get_num_threads())
 
 

@@ -34,7 +34,7 @@ def twin_of(job: Config) -> Config | None:
 
 
 def retyped(operands: tuple, theirs: str, ours: str) -> tuple:
-    """A product's operands (roofline.operands) with the twin's 2-byte dtype read as ours."""
+    """A product's operands (products.operands) with the twin's 2-byte dtype read as ours."""
     names = {"fp16": "float16", "bf16": "bfloat16"}
     return tuple((name, (*value[:3], names[ours] if value[3] == names[theirs] else value[3])
                   if isinstance(value, tuple) else value) for name, value in operands)
