@@ -21,8 +21,8 @@ from .trace import for_gpu, readable_on, trace
 
 GIB = 2**30
 # what a trace keeps for the planner (planner/batch.py) and the step time, not for estimate.json
-BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "roofline_products", "events", "categories",
-         "reductions", "cublas_keys", "gpu", "workspace", "readings", "derived_from")
+BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "roofline_products", "events",
+         "categories", "reductions", "cublas_keys", "gpu", "workspace", "readings", "derived_from")
 
 
 def capacity_bytes(profile: HardwareConf) -> Optional[int]:

@@ -138,8 +138,9 @@ def product_s(op: str, operands: tuple) -> float:
 def _product_at(op: str, operands: tuple, threads: int) -> float:
     namespace, name, overload = op.split(".")
     func = getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    size = sum(torch.empty(0, dtype=getattr(torch, v[3])).element_size() * (1 + sum((n - 1) * st for n, st in zip(v[1], v[2])))
-               for _, v in operands if isinstance(v, tuple))
+    # each operand's storage: its last element's offset, plus one
+    size = sum(torch.empty(0, dtype=getattr(torch, v[3])).element_size()
+               * (1 + sum((n - 1) * st for n, st in zip(v[1], v[2]))) for _, v in operands if isinstance(v, tuple))
     copies = max(2, min(64, 2 * last_cache_bytes() // max(size, 1)))  # two of more than the cache flush each other
 
     def made(value):

@@ -4,9 +4,10 @@ Why it holds: the traced step at micro-batch m (accumulation batch_size / m, so 
 as the trace measures any accumulation of 2 or more) runs the same ops in the same order for every m of 2
 or more, and every tensor it allocates is either of the model (weights, gradients, optimizer state: the same
 bytes at every m) or of the batch (activations, logits, the batch itself: bytes proportional to m), so each
-allocation's bytes, each op's FLOPs and bytes moved, and each product's operand sizes, lie on a line in m. The step at another m is then
-the events of two traces (BASES) with each size read off its line, replayed through the allocator model as a
-traced step's are: peak, reserved and the roofline come out as the trace would give them.
+allocation's bytes, each op's FLOPs and bytes moved, and each product's operand sizes, lie on a line in m.
+The step at another m is then the events of two traces (BASES) with each size read off its line, replayed
+through the allocator model as a traced step's are: peak, reserved and the roofline come out as the trace
+would give them.
 
 A reduction's kernel scratch (estimate/scratch.py) is not on a line: how it splits into blocks depends on
 the size and the GPU. Its input shape is, and the scratch is sized from that for the GPU (trace.for_gpu).
@@ -89,8 +90,8 @@ def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
 
 
 def products_at(low: list, high: list, m: int) -> Optional[list]:
-    """The step's products (roofline.products_reading) at m: each operand's sizes and strides, FLOPs and bytes on
-    their lines; None where the two lists do not line up."""
+    """The step's products (estimate/products.reading) at m: each operand's sizes and strides, FLOPs and bytes
+    on their lines; None where the two lists do not line up."""
     if len(low) != len(high):
         return None
     out = []
@@ -101,10 +102,11 @@ def products_at(low: list, high: list, m: int) -> Optional[list]:
         for (name, x), (other, y) in zip(a[2], b[2]):
             if name != other or isinstance(x, tuple) != isinstance(y, tuple) or (not isinstance(x, tuple) and x != y):
                 return None
-            sizes = [shape_at(x[i], y[i], m) if len(x[i]) == len(y[i]) else None for i in (1, 2)] if isinstance(x, tuple) else []
-            if None in sizes or (isinstance(x, tuple) and x[3] != y[3]):
+            tensor = isinstance(x, tuple)
+            sizes = [shape_at(x[i], y[i], m) if len(x[i]) == len(y[i]) else None for i in (1, 2)] if tensor else []
+            if None in sizes or (tensor and x[3] != y[3]):
                 return None
-            operands.append((name, (x[0], *sizes, x[3]) if isinstance(x, tuple) else x))
+            operands.append((name, (x[0], *sizes, x[3]) if tensor else x))
         flops, moved = between(a[4], b[4], m), between(a[5], b[5], m)
         if flops is None or moved is None:
             return None
