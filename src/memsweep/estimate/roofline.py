@@ -36,7 +36,7 @@ thread that calls them, so a CPU step is each op's call and then its work, one a
 1,024-square product's rate is a product's best: the step's own products (mm, addmm, bmm, baddbmm) are
 timed on this CPU at their shapes, strides and dtype, their operands out of the caches as a step's are
 (measure/peak.product_s). MiniLM at 1 x 32 tokens in a plain loop: its products took 38.7 of a micro-batch's
-67 ms, where the square rate said 23; timed so, each shape came within 0.8-1.0 of its in-model time. An op's
+67 ms, where the square rate said 23; timed so, each shape came within 0.7-1.0 of its in-model time. An op's
 call costs what this CPU measured (measure/peak.py): a model's op the time of a tiny BERT's forward and
 backward (1 x 8 tokens, next to no work) over its ops, an optimizer's op a bare call from a Python loop.
 And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
