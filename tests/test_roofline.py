@@ -273,14 +273,26 @@ def test_a_cpu_times_each_product_of_its_step_at_its_own_shape_on_this_cpu(monke
     assert rates.timed_products and not roofline.rates_of(load_profile("a100_40gb"), "bf16").timed_products
 
 
-def test_a_products_operands_out_of_the_caches_take_this_cpu_longer_than_its_best_rate():
+def test_a_products_operands_out_of_the_caches_take_this_cpu_longer_than_the_same_product_kept_in_them():
+    import statistics
+    import time
+
     from memsweep.measure import peak
 
     # MiniLM's up-projection at 32 tokens: its 2.4 MB weight comes from memory each time a step reads it
     operands = ((None, ("tensor", (32, 384), (384, 1), "float32")), (None, ("tensor", (384, 1536), (1, 384), "float32")))
-    took = peak.product_s("aten.mm.default", operands)
-    best = 2 * 32 * 384 * 1536 / peak.cpu_rates()["flops"]["fp32"]
-    assert took > 1.15 * best
+    a, b = torch.ones(32, 384), torch.ones(1536, 384).t()
+
+    def hot() -> float:  # the same operands again and again: in the caches after the first call
+        took = []
+        for _ in range(40):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            took.append(time.perf_counter() - start)
+        return statistics.median(took[5:])
+
+    before, cold, after = hot(), peak.product_s("aten.mm.default", operands), hot()
+    assert cold > 1.15 * min(before, after)  # measured here: 1.5-1.6 times
     assert peak.last_cache_bytes() >= 2**20
 
 
