@@ -114,6 +114,7 @@ def seconds_per_page_fault(nbytes: int = 64 * 2**20) -> float:
     return max(0.0, 1 / median_rate(fresh, 1.0, 0.3) - touched) / (nbytes // PAGE)
 
 
+@functools.lru_cache(maxsize=1)
 def last_cache_bytes() -> int:
     """The CPU's last-level cache (Linux sysfs: the highest cache index of cpu0); 32 MiB where it says none."""
     import glob
