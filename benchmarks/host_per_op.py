@@ -1,6 +1,7 @@
 """What one op of a model's forward and backward costs the host beyond its work, per architecture, on this CPU.
 
     python benchmarks/host_per_op.py --out src/memsweep/estimate/host_per_op.json
+    python benchmarks/host_per_op.py --check     # this CPU's ratios against the committed file's; exit 1 if off
 
 Each architecture (transformers' model type) built at tiny widths (hidden 32, 2 heads, MLP 64, vocabulary 256,
 images of four patches) and 12 blocks, as its task builds it (a sequence classifier, a causal LM, an image
@@ -70,6 +71,17 @@ def per_op_us(architectures: dict, rounds: int = 5) -> dict:
     return {arch: round(statistics.median(t), 2) for arch, t in times.items()}
 
 
+def disagreements(measured: dict, committed: dict, reference: str = "bert", tolerance: float = 0.25) -> dict:
+    """{architecture: (measured, committed)} of the architectures whose cost relative to the reference's differs
+    from the committed one's by more than `tolerance`: ratios, since a machine's speed moves both sides."""
+    off = {}
+    for arch, us in measured.items():
+        ours, theirs = us / measured[reference], committed[arch] / committed[reference]
+        if abs(ours / theirs - 1) > tolerance:
+            off[arch] = (round(ours, 3), round(theirs, 3))
+    return off
+
+
 def cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
         if line.startswith("model name"):
@@ -82,11 +94,21 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="write the measurements (JSON) here")
+    parser.add_argument("--check", action="store_true",
+                        help="compare this CPU's costs relative to BERT's with the committed file's (within 25 %%)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     measured = per_op_us(ARCHITECTURES)
     for model_type, us in measured.items():
         print(f"{model_type:12s} {us:6.2f} us per op ({ARCHITECTURES[model_type]})")
+    if args.check:
+        from memsweep.estimate import host_cost
+
+        off = disagreements(measured, host_cost.per_op_us())
+        for arch, (ours, theirs) in off.items():
+            print(f"{arch}: {ours} of BERT's here, {theirs} committed")
+        print("the committed ratios hold here" if not off else f"{len(off)} ratios differ by more than 25 %")
+        sys.exit(1 if off else 0)
     out = {"what": "us per op of a forward and backward at tiny widths, 12 blocks, one sample, one thread",
            "script": "benchmarks/host_per_op.py", "date": datetime.date.today().isoformat(),
            "cpu": cpu_name(), "torch": torch.__version__, "us_per_op": measured}

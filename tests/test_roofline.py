@@ -302,8 +302,9 @@ def test_a_models_ops_cost_the_host_what_its_architecture_measured_relative_to_b
     assert host_cost.relative("an-architecture-never-measured") == 1
 
 
-@pytest.mark.slow
-def test_the_committed_host_costs_are_what_the_benchmark_measures_here():
+def test_the_committed_host_costs_cover_what_the_benchmark_measures_and_its_check_flags_a_ratio_that_moved():
+    # the timing itself is a benchmark (python benchmarks/host_per_op.py --check), not a unit test: a loaded CI
+    # machine moved one ratio from 0.64 to 0.36
     import sys
 
     from conftest import ROOT
@@ -311,7 +312,12 @@ def test_the_committed_host_costs_are_what_the_benchmark_measures_here():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import host_per_op
 
-    measured = host_per_op.per_op_us({arch: host_per_op.ARCHITECTURES[arch] for arch in ("bert", "llama", "vit")}, rounds=3)
-    # as ratios: a machine's speed moves both sides; the ratios hold within the noise of a shared machine
-    for arch in ("llama", "vit"):
-        assert measured[arch] / measured["bert"] == pytest.approx(host_cost.relative(arch), rel=0.25), arch
+    committed = host_cost.per_op_us()
+    assert set(committed) == set(host_per_op.ARCHITECTURES)
+    step, ops = host_per_op.stepper("llama", "causal_lm")
+    step()
+    assert ops > 12 * 10  # twelve blocks of several ops each: what the per-op figure divides by
+    same_ratios = {arch: 2 * us for arch, us in committed.items()}  # a machine twice as slow
+    assert host_per_op.disagreements(same_ratios, committed) == {}
+    moved = dict(same_ratios, llama=same_ratios["llama"] * 0.56)
+    assert list(host_per_op.disagreements(moved, committed)) == ["llama"]
