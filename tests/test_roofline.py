@@ -112,7 +112,18 @@ def test_step_time_adds_accumulation_the_optimizer_and_offload_copies():
     four = estimate_job(*job_of(LLAMA + ["precision=bf16_true", "batch_size=16", "accumulation=x4"]))
     t = four.step_time
     assert t["accumulation_steps"] == 4
-    assert t["device_s"] == pytest.approx(4 * (t["forward_s"] + t["backward_s"]) + t["optimizer_s"])
+    assert t["device_s"] == pytest.approx(4 * (t["forward_s"] + t["backward_s"]) + t["accumulate_s"] + t["optimizer_s"])
+    # micro-batches 2-4 each add their gradients into the first's: one add per trainable parameter, reading two
+    # gradients and writing one, at the card's bandwidth
+    from memsweep.estimate.meta import traced_model
+    from memsweep.run.plan import build_plan
+
+    job, profile = job_of(LLAMA + ["precision=bf16_true", "batch_size=16", "accumulation=x4"])
+    trainable = [p for p in traced_model(job, build_plan(job, profile)).parameters() if p.requires_grad]
+    assert t["ops_accumulating"] == len(trainable) and one.step_time["accumulate_s"] == 0
+    rates, moved = roofline.rates_of(profile, "bf16"), 3 * 3 * 2 * four.trainable_params  # 3 adds of 3 bf16 reads/writes
+    floor = 3 * len(trainable) * roofline.KERNEL_MIN_S  # the smallest (a norm's weight) take a kernel's least
+    assert moved / rates.memory_bytes_s < t["accumulate_s"] <= moved / rates.memory_bytes_s + floor
     # the host's launches and the device's kernels overlap: at least the longer, at most the sum
     assert max(t["device_s"], t["dispatch_s"]) <= four.predicted_step_s <= t["device_s"] + t["dispatch_s"]
     offload = estimate_job(*job_of(LLAMA + ["precision=bf16_true", "offload=activations"])).step_time
@@ -151,6 +162,9 @@ def test_the_device_runs_each_op_once_the_host_has_launched_it_and_each_micro_ba
     assert roofline.queued_s([small] * 5 + [big], rates, 1) == pytest.approx(160e-6)
     # two micro-batches, each from an idle queue, then the step's op after the last backward: 2 x 115 + 1
     assert roofline.queued_s([big] + [small] * 5 + [("step", "-", 0, 0)], rates, 2) == pytest.approx(231e-6)
+    # the second micro-batch adds its gradient into the first's (launched as an optimizer's op, 1 us): 2 x 115 + 2
+    added = ("accumulate", "-", 0, 0)
+    assert roofline.queued_s([big] + [small] * 5 + [added, ("step", "-", 0, 0)], rates, 2) == pytest.approx(232e-6)
 
 
 def test_a_gpu_profiles_datasheet_rates_are_taken_at_the_ceilings_measured_on_a_card_a_cpus_as_measured():
@@ -170,7 +184,8 @@ def test_on_a_cpu_each_op_is_called_then_run_by_the_same_thread():
     # a tiny step is mostly calls: four micro-batches' ops and the optimizer's loop, each at this CPU's measured cost
     rates = roofline.rates_of(job[1], "fp32")
     assert t["dispatch_s"] == pytest.approx(4 * t["ops_per_micro_batch"] * rates.host_s_per_op
-                                            + t["ops_in_optimizer_step"] * rates.host_s_per_step_op)
+                                            + (3 * t["ops_accumulating"] + t["ops_in_optimizer_step"])
+                                            * rates.host_s_per_step_op)
     assert t["step_s"] == pytest.approx(t["device_s"] + t["dispatch_s"]) and t["dispatch_s"] > t["device_s"]
 
 
