@@ -71,6 +71,23 @@ def test_asking_a_tensor_its_device_moves_no_bytes():
     assert (key, flops, moved, n) == ("-", 0, 2 * 4 * 4096 * 1024, 1)  # the multiply alone: read a, write the product
 
 
+def test_on_a_cpu_an_output_written_over_an_input_moves_no_bytes_of_its_own():
+    # a core reads in what it writes over and writes it back from the cache: in place, only the inputs' lines
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    n = 4 * 4096 * 1024
+    with FakeTensorMode():
+        a, b, c = torch.empty(4096, 1024), torch.empty(4096, 1024), torch.empty(4096, 1024)
+        for on_cpu, in_place, out_of_place, into, copied in ((True, 2 * n, 3 * n, 3 * n, 2 * n),
+                                                             (False, 3 * n, 3 * n, 4 * n, 3 * n)):
+            with roofline.recording(on_cpu) as ops:
+                a.add_(b)
+                torch.add(a, b)
+                torch.add(a, b, out=c)  # the out= tensor's lines are read in before they are written
+                c.copy_(a)  # as the measured copy rate counts it: the source and the destination (peak.copy_bytes_s)
+            assert [op[3] for op in ops.sequence] == [in_place, out_of_place, into, copied]
+
+
 def test_flash_attention_is_timed_in_its_operands_dtype_not_its_fp32_log_sum_exp():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

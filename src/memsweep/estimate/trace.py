@@ -51,7 +51,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     spec = optimizer_spec(plan, model)
     with fake_job(job, plan, profile, model) as model:
         optimizer = None if adjustment and adjustment.flat_numel else build_optimizer(plan, model, profile, spec)
-        flops, ops, sequence, products = warm_up(job, plan, model, optimizer)
+        flops, ops, sequence, products = warm_up(job, plan, model, optimizer, on_cpu=profile.device == "cpu")
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
         recorder = capture.Recorder(capture.alive_at_step(model, inner_optimizer(optimizer) if optimizer else None,
@@ -127,7 +127,7 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
     return {**traced, "allocator": readings[(gpu, workspace)], "gpu": gpu, "workspace": workspace}
 
 
-def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list, list]:
+def warm_up(job: Config, plan, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
     behind. Its ops are recorded here by the roofline (roofline.py): one micro-batch's forward and backward,
     and the optimizer step; their FLOPs are the micro-batch's (torch.utils.flop_counter's formulas, op by op,
@@ -135,7 +135,7 @@ def warm_up(job: Config, plan, model, optimizer) -> tuple[int, list, list, list]
     mode there can keep what it sees alive (FlopCounterMode keeps checkpointing's recomputed activations: a
     false peak)."""
     batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
-    with roofline.recording() as ops:
+    with roofline.recording(on_cpu) as ops:
         training_step(model, optimizer, [batch], plan, marks=ops)
     record = roofline.reading(ops)
     return roofline.micro_batch_flops(record), record, ops.sequence, products.reading(ops)
