@@ -50,15 +50,15 @@ first touch): the step adds this CPU's measured cost per page for those the trac
 (capture.paged_in; MiniLM's word-embedding gradient, 47 MB each micro-batch: 11,446 pages at 1.6 us here). A GPU's
 caching allocator keeps its blocks.
 
-What the sum holds, because it is the step the memory trace runs: forward, backward with checkpointing's
-recomputed forward, each later micro-batch's gradients added into the first's (accumulation: one add per
-parameter; MiniLM at 1 x 30 tokens, fp32, one thread here: 105 adds took 8.3 ms of a 67 ms micro-batch), gradient clipping, the optimizer step (memory-bound: it reads and writes every state
-tensor) and bitsandbytes' quantize / dequantize ops (each dispatched as an op with its bytes). What it
-adds outside the ops: activation offload's host copies over the profile's host link. What it leaves out:
-data loading, a training loop's own work per step (a Trainer's callbacks and logging), checkpointing's
-hooks on the host, TF32 products with a transposed first operand (a weight's gradient: 0.25-0.5 of the
-datasheet on the H200, a third slower than the sum), products of widths that are not multiples of 8 (a
-batched 197 x 64 x 197 product: 4 times the sum), and collectives between processes.
+What the sum holds, because it is the step the memory trace runs: forward, backward with checkpointing's recomputed
+forward, each later micro-batch's gradients added into the first's (accumulation: one add per parameter; MiniLM at
+1 x 30 tokens, fp32, one thread here: 105 adds took 8.3 ms of a 67 ms micro-batch), gradient clipping, the
+optimizer step (memory-bound: it reads and writes every state tensor) and bitsandbytes' quantize / dequantize ops
+(each dispatched as an op with its bytes). What it adds outside the ops: activation offload's host copies over the
+profile's host link. What it leaves out: data loading, a training loop's own work per step (a Trainer's callbacks
+and logging), checkpointing's hooks on the host, TF32 products with a transposed first operand (a weight's
+gradient: 0.25-0.5 of the datasheet on the H200, a third slower than the sum), products of widths that are not
+multiples of 8 (a batched 197 x 64 x 197 product: 4 times the sum), and collectives between processes.
 
 The ops are those eager PyTorch runs as kernels: no mode sits above the roofline. torch's FlopCounterMode
 decomposes an op it has no formula for (`func.decompose`: silu_backward into 8 elementwise ops, each timed
@@ -111,7 +111,7 @@ class Roofline(RuntimeEstimator):
     """torch's RuntimeEstimator recording each op's FLOPs, compute dtype and bytes moved, without rates: one
     trace serves every profile of its device (core.estimate_job's memo), each timing it at its own rates
     (`seconds`). `mark` takes the step's marks (step.training_step calls it), so the time is split into
-    forward, backward (with recomputation) and the optimizer step."""
+    forward, backward (with recomputation), the adds of accumulation (`tag_grads`) and the optimizer step."""
 
     def __init__(self, on_cpu: bool = False):
         super().__init__()
@@ -130,7 +130,9 @@ class Roofline(RuntimeEstimator):
     def tag_grads(self, model) -> None:
         """The gradients the first micro-batch's backward left: a later micro-batch of the same step adds its own
         into each (autograd's AccumulateGrad: `variable_grad += new_grad`, one add per parameter, reading both
-        and writing the first), recorded as the phase "accumulate" that each micro-batch after the first runs."""
+        and writing the first), recorded as the phase "accumulate" that each micro-batch after the first runs.
+        Under FSDP the traced micro-batch is the synchronised one, which leaves this rank's shard: the whole
+        gradients that micro-batches under no_sync add are counted at the shard's size (a lower bound)."""
         if self.accumulated:
             return
         self.accumulated = True
