@@ -163,3 +163,17 @@ def test_the_estimate_shards_by_the_number_of_processes():
     gpu = estimate(2, "hardware=a100_40gb")
     assert gpu["peak_bytes"] <= gpu["peak_allocated_bytes"] <= \
         gpu["peak_bytes"] * 1.05 + capture.CUDA_WORKSPACES_PER_STEP * capture.cublas_workspace_bytes()
+
+
+def test_under_fsdp_each_accumulating_micro_batch_adds_whole_gradients_on_every_rank():
+    # Accelerate's no_sync keeps FSDP2's gradients unsharded until the step's last micro-batch has added its own
+    from memsweep.estimate import core
+
+    def step_time(n):
+        overrides = TINY + ["fsdp=full_shard", f"distributed.nproc={n}", "hardware=a100_40gb", "batch_size=8",
+                            "accumulation=x4"]
+        return core.estimate_job(*job_of(overrides)).step_time
+
+    one, two = step_time(1), step_time(2)
+    assert two["ops_accumulating"] == one["ops_accumulating"] > 0
+    assert two["accumulate_s"] == pytest.approx(one["accumulate_s"]) and one["accumulate_s"] > 0

@@ -131,14 +131,14 @@ class Roofline(RuntimeEstimator):
         """The gradients the first micro-batch's backward left: a later micro-batch of the same step adds its own
         into each (autograd's AccumulateGrad: `variable_grad += new_grad`, one add per parameter, reading both
         and writing the first), recorded as the phase "accumulate" that each micro-batch after the first runs.
-        Under FSDP the traced micro-batch is the synchronised one, which leaves this rank's shard: the whole
-        gradients that micro-batches under no_sync add are counted at the shard's size (a lower bound)."""
+        Under FSDP2 a micro-batch keeps the whole gradients until the step's last has added its own
+        (sharded.no_sync), so each add is a whole parameter's, where the traced micro-batch left this rank's shard."""
         if self.accumulated:
             return
         self.accumulated = True
         for param in model.parameters():
             if param.grad is not None:
-                grad = getattr(param.grad, "_local_tensor", param.grad)  # a DTensor's: this rank's
+                grad = param.grad  # a DTensor's numel is the whole parameter's
                 op = ("accumulate", "-", 0, (2 if self.on_cpu else 3) * grad.numel() * grad.element_size())
                 self.ops[op] += 1
                 self.sequence.append(op)
