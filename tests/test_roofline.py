@@ -9,7 +9,7 @@ from conftest import job_of, run_job
 from torch.utils.flop_counter import FlopCounterMode
 
 from memsweep.config.hardware import load_profile
-from memsweep.estimate import host_cost, meta, roofline, step, table, trace
+from memsweep.estimate import host_cost, meta, op_record, roofline, step, table, trace
 from memsweep.estimate.core import estimate_job
 from memsweep.run.plan import build_plan
 
@@ -23,14 +23,14 @@ def test_an_op_takes_the_longer_of_its_flops_and_its_bytes():
 
     with FakeTensorMode():
         a, b = torch.empty(512, 1024), torch.empty(1024, 256)
-        with roofline.recording() as ops:
+        with op_record.recording() as ops:
             torch.mm(a, b)
-    [(phase, key, flops, moved, n)] = roofline.reading(ops)
+    [(phase, key, flops, moved, n)] = op_record.reading(ops)
     assert (phase, key, flops, n) == ("forward", "fp32", 2 * 512 * 1024 * 256, 1)
     assert moved == 4 * (512 * 1024 + 1024 * 256 + 512 * 256)  # read both inputs, write the output
     fast_memory = roofline.Rates(flops={"fp32": 1e12}, memory_bytes_s=1e15, host_bytes_s=None)
     slow_memory = roofline.Rates(flops={"fp32": 1e12}, memory_bytes_s=1e9, host_bytes_s=None)
-    assert roofline.seconds(reading := roofline.reading(ops), fast_memory)["forward"] == pytest.approx(flops / 1e12)
+    assert roofline.seconds(reading := op_record.reading(ops), fast_memory)["forward"] == pytest.approx(flops / 1e12)
     assert roofline.seconds(reading, slow_memory)["forward"] == pytest.approx(moved / 1e9)
 
 
@@ -64,10 +64,10 @@ def test_asking_a_tensor_its_device_moves_no_bytes():
 
     with FakeTensorMode():
         a = torch.empty(4096, 1024)
-        with roofline.recording() as ops:
+        with op_record.recording() as ops:
             torch.ops.prim.device(a)
             a.mul(2)
-    [(_, key, flops, moved, n)] = roofline.reading(ops)
+    [(_, key, flops, moved, n)] = op_record.reading(ops)
     assert (key, flops, moved, n) == ("-", 0, 2 * 4 * 4096 * 1024, 1)  # the multiply alone: read a, write the product
 
 
@@ -80,7 +80,7 @@ def test_on_a_cpu_an_output_written_over_an_input_moves_no_bytes_of_its_own():
         a, b, c = torch.empty(4096, 1024), torch.empty(4096, 1024), torch.empty(4096, 1024)
         for on_cpu, in_place, out_of_place, into, copied in ((True, 2 * n, 3 * n, 3 * n, 2 * n),
                                                              (False, 3 * n, 3 * n, 4 * n, 3 * n)):
-            with roofline.recording(on_cpu) as ops:
+            with op_record.recording(on_cpu) as ops:
                 a.add_(b)
                 torch.add(a, b)
                 torch.add(a, b, out=c)  # the out= tensor's lines are read in before they are written
@@ -93,10 +93,10 @@ def test_flash_attention_is_timed_in_its_operands_dtype_not_its_fp32_log_sum_exp
 
     with FakeTensorMode():
         q = torch.empty(2, 4, 256, 64, dtype=torch.bfloat16, device="cuda")
-        with roofline.recording() as ops:
+        with op_record.recording() as ops:
             out = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, is_causal=True)
     assert {out[0].dtype, out[1].dtype} == {torch.bfloat16, torch.float32}  # the output, its log-sum-exp
-    [(phase, key, flops, _, n)] = roofline.reading(ops)
+    [(phase, key, flops, _, n)] = op_record.reading(ops)
     assert (phase, key, n) == ("forward", "bf16", 1) and flops == 4 * 2 * 4 * 256 * 256 * 64  # QK^T and PV
 
 
@@ -241,12 +241,12 @@ def test_a_cpus_dropout_takes_its_random_draws_at_the_rate_this_cpu_draws_them()
     memos = {"cpu": {}, "a100_40gb": {}}
     cpu, _ = (estimate_job(*job_of(overrides + [f"hardware={h}"]), memos[h]) for h in memos)
     records = {h: next(iter(memo.values()))["roofline_ops"] for h, memo in memos.items()}
-    draws = [op for op in records["cpu"] if op[1] == roofline.RANDOM]
+    draws = [op for op in records["cpu"] if op[1] == op_record.RANDOM]
     # a CPU's dropout draws one number per element of its mask (bernoulli_); a GPU's kernel (native_dropout) does
     # not count as draws
-    assert draws and not any(op[1] == roofline.RANDOM for op in records["a100_40gb"])
-    assert cpu.flops_per_step == roofline.micro_batch_flops(records["cpu"])  # draws are no FLOPs
-    assert cpu.flops_per_step < roofline.micro_batch_flops([[*op[:1], "fp32", *op[2:]] for op in records["cpu"]])
+    assert draws and not any(op[1] == op_record.RANDOM for op in records["a100_40gb"])
+    assert cpu.flops_per_step == op_record.micro_batch_flops(records["cpu"])  # draws are no FLOPs
+    assert cpu.flops_per_step < op_record.micro_batch_flops([[*op[:1], "fp32", *op[2:]] for op in records["cpu"]])
     rates = roofline.rates_of(load_profile("cpu"), "fp32")
     _, key, n, moved, _ = draws[0]
     assert roofline.op_s(key, n, moved, rates)[0] == pytest.approx(n / rates.random_per_s)

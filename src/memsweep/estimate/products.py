@@ -1,4 +1,4 @@
-"""A step's products as this CPU can run them again: the roofline (roofline.py) records each product the
+"""A step's products as this CPU can run them again: the record (op_record.py) keeps each product the
 traced step calls (mm, addmm, bmm, baddbmm: a linear layer's forward and both its gradients, attention's
 batched products) with its operands' shapes, strides and dtype, so that a CPU step times each at its own shape
 on this CPU (measure/peak.product_s) instead of at a 1,024-square product's rate, a product's best."""

@@ -2,7 +2,7 @@
 Plan, model class, technique transforms and optimizer class as a real job) on fake tensors (fake.py:
 shapes and dtypes, no storage), measured by the same LedgerTracker (torch's MemTracker) as real jobs.
 No weights, no data, no GPU; on the CPU it reproduces the measured ledger. FLOPs come from the warm-up
-step's ops, each by torch.utils.flop_counter's formulas (roofline.py records them).
+step's ops, each by torch.utils.flop_counter's formulas (op_record.py records them).
 
 The measured step's allocations and frees are recorded beside the ledger (capture.py): read as the
 ledger reads a step they give its peak (`recorded_peak_bytes`, a check); on a GPU profile they are
@@ -17,7 +17,7 @@ from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
-from . import adjust, capture, fake, products, roofline, scratch, sharded, zero
+from . import adjust, capture, fake, op_record, products, scratch, sharded, zero
 from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
     trainer_arguments, training_step
 
@@ -129,16 +129,16 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
 
 def warm_up(job: Config, plan, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
-    behind. Its ops are recorded here by the roofline (roofline.py): one micro-batch's forward and backward,
+    behind. Its ops are recorded here (op_record.py): one micro-batch's forward and backward,
     and the optimizer step; their FLOPs are the micro-batch's (torch.utils.flop_counter's formulas, op by op,
     as FlopCounterMode sums them). The measured step runs under the ledger and the recorder only: a counting
     mode there can keep what it sees alive (FlopCounterMode keeps checkpointing's recomputed activations: a
     false peak)."""
     batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
-    with roofline.recording(on_cpu) as ops:
+    with op_record.recording(on_cpu) as ops:
         training_step(model, optimizer, [batch], plan, marks=ops)
-    record = roofline.reading(ops)
-    return roofline.micro_batch_flops(record), record, ops.sequence, products.reading(ops)
+    record = op_record.reading(ops)
+    return op_record.micro_batch_flops(record), record, ops.sequence, products.reading(ops)
 
 
 def measured_batches(job: Config, plan, model) -> list:

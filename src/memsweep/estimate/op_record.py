@@ -1,0 +1,146 @@
+"""The record of a traced step's ops that the roofline (roofline.py) times: each ATen op's phase, compute dtype,
+FLOPs (the formulas of `torch.utils.flop_counter`) and bytes moved (the count of
+`torch.utils._runtime_estimation`), taken by torch's RuntimeEstimator in its cost-model mode
+(`torch/distributed/_tools/runtime_estimator.py`: its dispatch and its ignored view/creation ops) on the
+trace's fake tensors, without rates: one record serves every profile of its device.
+
+The ops are those eager PyTorch runs as kernels: no mode sits above the roofline. torch's FlopCounterMode
+decomposes an op it has no formula for (`func.decompose`: silu_backward into 8 elementwise ops, each timed
+as a kernel of its own), so the step's FLOPs are read off this record (`micro_batch_flops`, the same
+formulas) instead of counted by it.
+"""
+import contextlib
+from collections import Counter
+
+import torch
+from torch._guards import active_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import products
+from ..measure import peak
+
+PHASES = ("forward", "backward", "accumulate", "step")
+RANDOM = "random"  # an op's record whose count is random numbers drawn, not FLOPs
+FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+class Roofline(RuntimeEstimator):
+    """torch's RuntimeEstimator recording each op's FLOPs, compute dtype and bytes moved, without rates: one
+    trace serves every profile of its device (core.estimate_job's memo), each timing it at its own rates
+    (`seconds`). `mark` takes the step's marks (step.training_step calls it), so the time is split into
+    forward, backward (with recomputation), the adds of accumulation (`tag_grads`) and the optimizer step."""
+
+    def __init__(self, on_cpu: bool = False):
+        super().__init__()
+        self.on_cpu = on_cpu  # an output written over an input moves no bytes of its own (op_cost)
+        self.ops, self.phase = Counter(), "forward"  # (phase, dtype key, FLOPs, bytes) -> how many ops
+        self.sequence: list[tuple] = []  # the same, one per op in the order run (planner/batch.py reads it)
+        # each product's call as this CPU can run it again (timed_products): (phase, op, its operands, its record)
+        self.products = Counter()
+        self.accumulated = False
+        self._estimate, self._estimate_mode_type = self.op_cost, "operator-level-cost-model"
+
+    def mark(self, name: str) -> None:
+        if name in PHASES:
+            self.phase = name
+
+    def tag_grads(self, model) -> None:
+        """The gradients the first micro-batch's backward left: a later micro-batch of the same step adds its own
+        into each (autograd's AccumulateGrad: `variable_grad += new_grad`, one add per parameter, reading both
+        and writing the first), recorded as the phase "accumulate" that each micro-batch after the first runs.
+        Under FSDP2 a micro-batch keeps the whole gradients until the step's last has added its own
+        (sharded.no_sync), so each add is a whole parameter's, where the traced micro-batch left this rank's shard."""
+        if self.accumulated:
+            return
+        self.accumulated = True
+        for param in model.parameters():
+            if param.grad is not None:
+                grad = param.grad  # a DTensor's numel is the whole parameter's
+                op = ("accumulate", "-", 0, (2 if self.on_cpu else 3) * grad.numel() * grad.element_size())
+                self.ops[op] += 1
+                self.sequence.append(op)
+
+    def op_cost(self, func, args, kwargs):
+        """(the op's output, 0 ms): RuntimeEstimator's estimator interface; the cost is recorded, timed later."""
+        import torch.utils._pytree as pytree
+        from torch.utils._runtime_estimation import get_num_bytes
+        from torch.utils.flop_counter import flop_registry
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if not peak.launches(func):
+            return out, 0.0
+        moved = sum(get_num_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        if self.on_cpu:
+            moved -= rewritten_bytes(args, kwargs, out)
+        flops, key = 0, "-"
+        if packet in flop_registry:
+            flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(args)
+        elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):  # CPU dropout's mask: one draw each
+            flops, key = out.numel(), RANDOM
+        self.ops[(self.phase, key, flops, int(moved))] += 1
+        if packet in products.PRODUCTS:
+            self.products[(self.phase, str(func), products.operands(args, kwargs), key, flops, int(moved))] += 1
+        self.sequence.append((self.phase, key, flops, int(moved)))
+        return out, 0.0
+
+    def __enter__(self):
+        # RuntimeEstimator's own __enter__ also enters its ModTracker with hooks that record the modules'
+        # order (unused here; and its backward hook fails on a module it never saw, e.g. under the ledger's
+        # own tracker): only its fake-mode check and the dispatch mode are kept
+        if not isinstance(active_fake_mode(), FakeTensorMode):
+            raise AssertionError("the roofline runs on the trace's fake tensors")
+        RuntimeEstimator.fake_mode = active_fake_mode()
+        TorchDispatchMode.__enter__(self)
+        return self
+
+    def __exit__(self, *args) -> None:
+        # RuntimeEstimator's own __exit__ prints its total; the estimate reports it instead
+        TorchDispatchMode.__exit__(self, *args)
+
+
+def dtype_key(args) -> str:
+    """The compute dtype of a FLOP-counted op: its first operand's (a matmul's, a convolution's input, an
+    attention's query or, backward, its output gradient), which its kernel computes in. Not its outputs':
+    flash attention returns its log-sum-exp in fp32 beside a bf16 output, and is no fp32 matmul for that."""
+    import torch.utils._pytree as pytree
+
+    for t in pytree.tree_leaves(args):
+        if isinstance(t, torch.Tensor) and t.dtype in FLOAT_KEYS:
+            return FLOAT_KEYS[t.dtype]
+    return "fp32"
+
+
+def rewritten_bytes(args, kwargs, out) -> int:
+    """The bytes of an op's outputs that are its inputs, written over (add_, copy_'s destination, an out=
+    tensor): a CPU reads each of their lines in before writing it, a fresh output's too (write-allocate), and
+    writes it back from the cache while the core goes on reading. So a core's memory time is the lines it
+    reads in: one thread here read 20 GB/s summing, copied 19.6 GB/s counting source and destination, and
+    added in place at 31 GB/s counting the three tensors (20.7 of them read). Counted once, not twice."""
+    import torch.utils._pytree as pytree
+    from torch.utils._runtime_estimation import get_num_bytes
+
+    inputs = {id(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+    return sum(get_num_bytes(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and id(t) in inputs)
+
+
+@contextlib.contextmanager
+def recording(on_cpu: bool = False):
+    """The roofline's record of the ops inside (the trace's fake mode must be active), as `on_cpu`'s memory
+    moves their bytes (rewritten_bytes) or a GPU's."""
+    with Roofline(on_cpu) as roofline:
+        yield roofline
+
+
+def reading(roofline: Roofline) -> list:
+    """The record as the trace stores it: [phase, dtype key, FLOPs, bytes, count] per distinct op cost."""
+    return [[*key, n] for key, n in sorted(roofline.ops.items())]
+
+
+def micro_batch_flops(ops: list) -> int:
+    """The FLOPs of one micro-batch's forward and backward in the record: each op's by
+    torch.utils.flop_counter's formulas, as FlopCounterMode counts them (the optimizer step's ops have none)."""
+    return sum(flops * n for phase, key, flops, _, n in ops if phase in ("forward", "backward") and key != RANDOM)
