@@ -72,3 +72,17 @@ def test_a_capped_address_space_follows_the_live_blocks(mode):
         assert grown_mib >= 96
     else:  # under the cap each block is mapped on its own and handed back when freed
         assert grown_mib < 16
+
+
+def test_onednn_failing_to_make_a_primitive_under_the_cap_is_running_out_of_memory():
+    # ideep gives every failed primitive creation one message; under the cap it is oneDNN's mapping that failed
+    from memsweep import errors
+    from memsweep.measure import memcap
+
+    with pytest.raises(MemoryError, match="could not create a primitive") as raised:
+        with memcap.cap(2**30):
+            raise RuntimeError("could not create a primitive")
+    assert errors.is_oom(raised.value)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):  # any other error stays what it is
+        with memcap.cap(2**30):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")

@@ -3,7 +3,9 @@
 `hardware.memory_gib` on a CPU profile (e.g. `hardware=cpu hardware.memory_gib=0.5`) is the capacity of
 an imaginary device that already holds the model: once the job is built, training and evaluation may
 map `memory_gib` minus the model's weights and buffers *more* address space; past it, the
-allocation itself fails (torch: "DefaultCPUAllocator: can't allocate memory", Python: MemoryError),
+allocation itself fails (torch: "DefaultCPUAllocator: can't allocate memory", Python: MemoryError;
+oneDNN, which maps a primitive's JIT code and scratchpad as it makes one: "could not create a primitive",
+its out-of-memory status behind ideep's one message, raised here as the MemoryError it is under the cap),
 which job.py records as `status: oom`. It is the CPU counterpart of the CUDA cap in hardware.py.
 
 Loading (tokenizer threads, memory-mapped datasets) stays outside the cap, as it would stay off a GPU.
@@ -23,6 +25,9 @@ from typing import ContextManager, Iterator
 
 from ..config.schema import HardwareConf
 from ..run import host_memory
+
+
+ONEDNN_FAILED = "could not create a primitive"
 
 
 def address_space_bytes() -> int:
@@ -47,6 +52,11 @@ def cap(extra_bytes: int) -> Iterator[int]:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
         try:
             yield limit
+        except RuntimeError as exc:
+            if ONEDNN_FAILED not in str(exc):
+                raise
+            raise MemoryError(f"oneDNN could not map a primitive under the {limit / 2**20:,.0f} MiB address-space "
+                              f"cap: {exc}") from exc
         finally:
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
