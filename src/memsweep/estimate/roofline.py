@@ -150,19 +150,20 @@ def queued_s(sequence: list, rates: Rates, accumulation: int) -> float:
     cost = {op: (rates.host_s_per_op if op[0] in ("forward", "backward") else rates.host_s_per_step_op,
                  op_time(*op[1:], rates)) for op in set(sequence)}
 
-    def run(ops) -> float:
-        host = gpu = 0.0
+    def run(ops, host: float = 0.0, gpu: float = 0.0) -> tuple[float, float]:  # (host, GPU) once `ops` are in
         for op in ops:
             launch, kernel = cost[op]
             host += launch
             gpu = max(gpu, host) + kernel
-        return max(gpu, host)
+        return host, gpu
 
     micro_batch = [op for op in sequence if op[0] in ("forward", "backward")]
     added, step = ([op for op in sequence if op[0] == phase] for phase in ("accumulate", "step"))
+    first = run(micro_batch)  # every micro-batch runs these first, from an idle queue: run once, carried on
     if accumulation == 1:
-        return run(micro_batch + step)
-    return run(micro_batch) + (accumulation - 2) * run(micro_batch + added) + run(micro_batch + added + step)
+        return max(run(step, *first))
+    later = run(added, *first)
+    return max(first) + (accumulation - 2) * max(later) + max(run(step, *later))
 
 
 def forward_only_s(sequence: list, parts: dict, rates: Rates) -> float:
