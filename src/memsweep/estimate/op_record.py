@@ -29,7 +29,7 @@ FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp3
 class Roofline(RuntimeEstimator):
     """torch's RuntimeEstimator recording each op's FLOPs, compute dtype and bytes moved, without rates: one
     trace serves every profile of its device (core.estimate_job's memo), each timing it at its own rates
-    (`seconds`). `mark` takes the step's marks (step.training_step calls it), so the time is split into
+    (roofline.seconds). `mark` takes the step's marks (step.training_step calls it), so the time is split into
     forward, backward (with recomputation), the adds of accumulation (`tag_grads`) and the optimizer step."""
 
     def __init__(self, on_cpu: bool = False):
