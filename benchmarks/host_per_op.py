@@ -8,8 +8,8 @@ images of four patches) and 12 blocks, as its task builds it (a sequence classif
 classifier), stepped forward and backward on one sample (8 tokens), one thread: its time over the ops the roofline
 counts (measure/peak.launches), the median of 5 rounds of 0.5 s each, the architectures taking turns. At these
 widths an op does next to no work: what remains is modules' Python, autograd and the dispatcher, which a GPU's
-host pays the same way before it launches the kernel. The estimator reads each architecture's cost relative to BERT's (the architecture whose
-steps the GPU's 42 us per op was measured on, estimate/roofline.py).
+host pays the same way before it launches the kernel. The estimator reads each architecture's cost relative to
+BERT's (the architecture whose steps the GPU's 42 us per op was measured on, estimate/roofline.py).
 """
 import argparse
 import datetime

@@ -34,7 +34,7 @@ class Roofline(RuntimeEstimator):
 
     def __init__(self, on_cpu: bool = False):
         super().__init__()
-        self.on_cpu = on_cpu  # an output written over an input moves no bytes of its own (op_cost)
+        self.on_cpu = on_cpu  # an output written over an input moves no bytes of its own (moved_bytes)
         self.ops, self.phase = Counter(), "forward"  # (phase, dtype key, FLOPs, bytes) -> how many ops
         self.sequence: list[tuple] = []  # the same, one per op in the order run (planner/batch.py reads it)
         # each product's call as this CPU can run it again (timed_products): (phase, op, its operands, its record)
@@ -58,14 +58,13 @@ class Roofline(RuntimeEstimator):
         for param in model.parameters():
             if param.grad is not None:
                 grad = param.grad  # a DTensor's numel is the whole parameter's
-                op = ("accumulate", "-", 0, (2 if self.on_cpu else 3) * grad.numel() * grad.element_size())
+                # `grad += new_grad` as op_cost counts an op (the new gradient is the same size)
+                op = ("accumulate", "-", 0, moved_bytes((grad, grad), {}, grad, self.on_cpu))
                 self.ops[op] += 1
                 self.sequence.append(op)
 
     def op_cost(self, func, args, kwargs):
         """(the op's output, 0 ms): RuntimeEstimator's estimator interface; the cost is recorded, timed later."""
-        import torch.utils._pytree as pytree
-        from torch.utils._runtime_estimation import get_num_bytes
         from torch.utils.flop_counter import flop_registry
 
         kwargs = kwargs or {}
@@ -73,9 +72,7 @@ class Roofline(RuntimeEstimator):
         packet = func._overloadpacket
         if not peak.launches(func):
             return out, 0.0
-        moved = sum(get_num_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
-        if self.on_cpu:
-            moved -= rewritten_bytes(args, kwargs, out)
+        moved = moved_bytes(args, kwargs, out, self.on_cpu)
         flops, key = 0, "-"
         if packet in flop_registry:
             flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(args)
@@ -114,23 +111,28 @@ def dtype_key(args) -> str:
     return "fp32"
 
 
-def rewritten_bytes(args, kwargs, out) -> int:
-    """The bytes of an op's outputs that are its inputs, written over (add_, copy_'s destination, an out=
-    tensor): a CPU reads each of their lines in before writing it, a fresh output's too (write-allocate), and
-    writes it back from the cache while the core goes on reading. So a core's memory time is the lines it
-    reads in: one thread here read 20 GB/s summing, copied 19.6 GB/s counting source and destination, and
-    added in place at 31 GB/s counting the three tensors (20.7 of them read). Counted once, not twice."""
+def moved_bytes(args, kwargs, out, on_cpu: bool) -> int:
+    """The bytes an op moves (torch.utils._runtime_estimation's count of its inputs and outputs). On a CPU an output
+    written over an input (add_, copy_'s destination, an out= tensor) is counted once, as an input: a core reads
+    each line in before writing it, a fresh output's too (write-allocate), and writes it back from the cache while
+    it goes on reading, so its memory time is the lines it reads in. One thread here read 20 GB/s summing, copied
+    19.6 GB/s counting source and destination, and added in place at 31 GB/s counting the three tensors (20.7 of
+    them read). A GPU's traffic is each input and output once."""
     import torch.utils._pytree as pytree
     from torch.utils._runtime_estimation import get_num_bytes
 
-    inputs = {id(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-    return sum(get_num_bytes(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and id(t) in inputs)
+    inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if on_cpu:
+        read = {id(t) for t in inputs}
+        outputs = [t for t in outputs if id(t) not in read]
+    return sum(get_num_bytes(t) for t in inputs + outputs)
 
 
 @contextlib.contextmanager
 def recording(on_cpu: bool = False):
     """The roofline's record of the ops inside (the trace's fake mode must be active), as `on_cpu`'s memory
-    moves their bytes (rewritten_bytes) or a GPU's."""
+    moves their bytes (moved_bytes) or a GPU's."""
     with Roofline(on_cpu) as roofline:
         yield roofline
 

@@ -33,7 +33,7 @@ small ops waits on the host (bert-base bf16 at 32 x 128 tokens in a plain loop: 
 A CPU profile's rates are measured on this CPU at start-up: no ceiling applies, and the ops run on the
 thread that calls them, so a CPU step is each op's call and then its work, one after the other. A CPU core's
 memory time is the lines it reads in (a fresh output's too, write-allocate); an output written over an input
-adds none (rewritten_bytes: an in-place add ran 1.6 times a copy's counted rate here). A
+adds none (op_record.moved_bytes: an in-place add ran 1.6 times a copy's counted rate here). A
 1,024-square product's rate is a product's best: the step's own products (mm, addmm, bmm, baddbmm) are
 timed on this CPU at their shapes, strides and dtype, their operands out of the caches as a step's are
 (measure/peak.product_s). MiniLM at 1 x 32 tokens in a plain loop: its products took 38.7 of a micro-batch's
@@ -220,7 +220,8 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
     # the optimizer stepping on the host (adjust.py) runs no op on the device: its step is not timed
     on_device = not traced.get("optimizer_on_host")
     ops, micro_batch_s = parts["ops"]["forward"] + parts["ops"]["backward"], parts["forward"] + parts["backward"]
-    device_s = accumulation * micro_batch_s + (accumulation - 1) * parts["accumulate"] + on_device * parts["step"]
+    accumulate_s = (accumulation - 1) * parts["accumulate"]  # each micro-batch after the first adds into the first's
+    device_s = accumulation * micro_batch_s + accumulate_s + on_device * parts["step"]
     # autograd's engine calls the accumulating adds from C++, without a module's Python: an optimizer's op's cost
     dispatch_s = (accumulation * ops * rates.host_s_per_op + ((accumulation - 1) * parts["ops"]["accumulate"]
                   + on_device * parts["ops"]["step"]) * rates.host_s_per_step_op)
@@ -235,7 +236,7 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
         queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
     out = {"step_s": queue_s + host_s, "forward_s": parts["forward"], "backward_s": parts["backward"],
            "forward_only_s": forward_only_s(sequence, parts, rates) + paged.get("forward", 0) * per_byte,
-           "accumulate_s": (accumulation - 1) * parts["accumulate"],
+           "accumulate_s": accumulate_s,
            "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
            "device_s": device_s, "dispatch_s": dispatch_s, "paged_in_s": pages_s,
            "idle_s": queue_s - device_s - pages_s,  # waiting for launches
