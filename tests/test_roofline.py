@@ -301,6 +301,9 @@ def test_a_cpu_times_each_product_of_its_step_at_its_own_shape_on_this_cpu(monke
         n * (1e-3 - roofline.op_time(key, flops, moved, rates)) for phase, _, _, key, flops, moved, n in products
         if phase != "step")
     assert timed["forward_s"] + timed["backward_s"] == pytest.approx(expected)
+    # what bounds the step is shared over the step's seconds as timed: the timed products' too
+    parts = roofline.seconds(next(iter(memos["cpu"].values()))["roofline_ops"], rates, products)
+    assert parts["compute_bound_s"] + parts["memory_bound_s"] == pytest.approx(sum(parts[p] for p in roofline.PHASES))
     # a GPU's products keep the roofline (no card here to time them on); so does a CPU profile that states its rates
     assert rates.timed_products and not roofline.rates_of(load_profile("a100_40gb"), "bf16").timed_products
 

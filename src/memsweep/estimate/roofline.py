@@ -123,17 +123,21 @@ def seconds(ops: list, rates: Rates, timed: Optional[list] = None) -> dict:
         took = op_time(key, flops, moved, rates)
         out[phase] += n * took
         out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += n * took
-    for phase, took in products_s(timed or [], rates).items():
-        out[phase] += took
+    for part, took in products_s(timed or [], rates).items():
+        out[part] += took
     return {**out, "no_rate": sorted(no_rate)}
 
 
 def products_s(products: list, rates: Rates) -> dict:
     """Per phase, what timing the step's products on this CPU at their own shapes (peak.product_s) adds to their
-    roofline at its rates (a 1,024-square product's: each product's best)."""
-    out = dict.fromkeys(PHASES, 0.0)
+    roofline at its rates (a 1,024-square product's: each product's best); and the same to the bound the roofline
+    gave each product (`compute_bound_s` or `memory_bound_s`): timing moves a product's seconds, not its bound."""
+    out = dict.fromkeys((*PHASES, "compute_bound_s", "memory_bound_s"), 0.0)
     for phase, op, operands, key, flops, moved, n in products:
-        out[phase] += n * (peak.product_s(op, operands) - op_time(key, flops, moved, rates))
+        compute_s, memory_s, _ = op_s(key, flops, moved, rates)
+        added = n * (peak.product_s(op, operands) - op_time(key, flops, moved, rates))
+        out[phase] += added
+        out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += added
     return out
 
 
