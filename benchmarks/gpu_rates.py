@@ -19,7 +19,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 
-from memsweep.measure.peak import median_rate, ops_in  # noqa: E402
+from memsweep.measure.peak import median_rate, median_seconds, ops_in  # noqa: E402
 
 
 def matmul_tflops(torch, dtype, n: int, m: Optional[int] = None, k: Optional[int] = None) -> float:
@@ -40,7 +40,7 @@ def dispatch_us(torch, ops: int = 5000) -> dict:
     """Host microseconds per op: bare ATen adds, and a tiny MLP's forward + backward (ops counted by the
     profiler-free way: aten ops seen by a dispatch mode over one pass)."""
     x = torch.zeros(1, device="cuda")
-    bare = 1 / median_rate(lambda: [x.add_(1.0) for _ in range(ops)], ops, 0.5, torch.cuda.synchronize)
+    bare = median_seconds(lambda: [x.add_(1.0) for _ in range(ops)], 0.5, torch.cuda.synchronize) / ops
 
     mlp = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(8)]).cuda()
     data = torch.randn(4, 8, device="cuda")
@@ -49,7 +49,7 @@ def dispatch_us(torch, ops: int = 5000) -> dict:
         mlp(data).sum().backward()
 
     ops = ops_in(step, counted=lambda func: True)  # every ATen op, as recorded in gpu_snapshots/h200_rates.json
-    per_step = 1 / median_rate(lambda: [step() for _ in range(50)], 50, 0.5, torch.cuda.synchronize)
+    per_step = median_seconds(lambda: [step() for _ in range(50)], 0.5, torch.cuda.synchronize) / 50
     return {"aten_add_us": 1e6 * bare, "module_fwd_bwd_us_per_op": 1e6 * per_step / ops, "module_ops_per_step": ops}
 
 

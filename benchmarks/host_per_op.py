@@ -67,7 +67,7 @@ def per_op_us(architectures: dict, rounds: int = 5) -> dict:
     times = {arch: [] for arch in architectures}
     for _ in range(rounds):
         for arch, (step, ops) in steps.items():
-            times[arch].append(1e6 / peak.median_rate(step, 1.0, 0.5) / ops)
+            times[arch].append(1e6 * peak.median_seconds(step, 0.5) / ops)
     return {arch: round(statistics.median(t), 2) for arch, t in times.items()}
 
 

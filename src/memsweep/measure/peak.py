@@ -4,6 +4,7 @@ step at, as `make bench` measures its matmul ceiling (benchmarks/hw_efficiency.p
 an op costs beyond its work (a tiny model's step; a call from a Python loop). Measured at the thread count
 torch runs with, so a prediction and a job of the same process compare like with like."""
 import functools
+import itertools
 import statistics
 import time
 
@@ -12,21 +13,27 @@ import torch
 from ..run.host_memory import PAGE  # what a fresh page is (glibc's malloc)
 
 
-def median_rate(run, work: float, seconds: float, sync=lambda: None) -> float:
-    """Median of work / time over about `seconds` of calls, after two warm-up calls; `sync` waits for the
-    device after each (torch.cuda.synchronize where the work runs on a GPU)."""
-    for _ in range(2):
+def median_seconds(run, seconds: float, sync=lambda: None, warm: int = 2, least: int = 5,
+                   most: float = float("inf")) -> float:
+    """Median seconds of a call of `run` over about `seconds` of calls (at least `least`, at most `most`), after
+    `warm` calls that are not counted; `sync` waits for the device after each (torch.cuda.synchronize where the
+    work runs on a GPU)."""
+    for _ in range(warm):
         run()
     sync()
-    rates, spent = [], 0.0
-    while spent < seconds or len(rates) < 5:
+    took, spent = [], 0.0
+    while len(took) < least or (spent < seconds and len(took) < most):
         start = time.perf_counter()
         run()
         sync()
-        took = time.perf_counter() - start
-        rates.append(work / took)
-        spent += took
-    return statistics.median(rates)
+        took.append(time.perf_counter() - start)
+        spent += took[-1]
+    return statistics.median(took)
+
+
+def median_rate(run, work: float, seconds: float, sync=lambda: None) -> float:
+    """`work` (FLOPs, bytes, draws) per second of a median call of `run` (median_seconds)."""
+    return work / median_seconds(run, seconds, sync)
 
 
 def matmul_flops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.5) -> float:
@@ -81,7 +88,7 @@ def seconds_per_op(seconds: float = 0.5) -> float:
         model(**batch).loss.backward()
         model.zero_grad(set_to_none=True)
 
-    return 1 / median_rate(step, 1.0, seconds) / ops_in(step)
+    return median_seconds(step, seconds) / ops_in(step)
 
 
 def seconds_per_call(calls: int = 100, seconds: float = 0.2) -> float:
@@ -92,7 +99,7 @@ def seconds_per_call(calls: int = 100, seconds: float = 0.2) -> float:
     def chain():
         for _ in range(calls):
             x.add_(1.0)
-    return 1 / median_rate(chain, calls, seconds)
+    return median_seconds(chain, seconds) / calls
 
 
 def random_per_s(numel: int = 2 ** 22, seconds: float = 0.3) -> float:
@@ -110,8 +117,8 @@ def seconds_per_page_fault(nbytes: int = 64 * 2**20) -> float:
     def fresh():
         torch.empty(numel).fill_(1.0)
 
-    touched = 1 / median_rate(lambda: kept.fill_(1.0), 1.0, 0.2)
-    return max(0.0, 1 / median_rate(fresh, 1.0, 0.3) - touched) / (nbytes // PAGE)
+    touched = median_seconds(lambda: kept.fill_(1.0), 0.2)
+    return max(0.0, median_seconds(fresh, 0.3) - touched) / (nbytes // PAGE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -150,16 +157,13 @@ def _product_at(op: str, operands: tuple, threads: int) -> float:
         shape, strides, dtype = value[1], value[2], getattr(torch, value[3])
         return torch.empty_strided(shape, strides, dtype=dtype).fill_(1.0)  # a product's speed is not its values
 
-    calls = [([made(v) for k, v in operands if k is None], {k: made(v) for k, v in operands if k is not None})
-             for _ in range(copies)]
-    took, spent, at = [], 0.0, 0
-    while len(took) < 3 or (spent < 0.05 and len(took) < 200):
-        args, kwargs = calls[at % copies]
-        start = time.perf_counter()
+    calls = itertools.cycle([([made(v) for k, v in operands if k is None],
+                              {k: made(v) for k, v in operands if k is not None}) for _ in range(copies)])
+
+    def call():
+        args, kwargs = next(calls)
         func(*args, **kwargs)
-        took.append(time.perf_counter() - start)
-        spent, at = spent + took[-1], at + 1
-    return statistics.median(took[1:])
+    return median_seconds(call, 0.05, warm=1, least=3, most=200)
 
 
 def cpu_rates() -> dict:
