@@ -1,6 +1,7 @@
 """Step time predicted per op on the trace's fake step (estimate/roofline.py): the roofline's arithmetic,
 what the traced step holds (checkpointing's recomputation, the optimizer step, offload's host copies), and
 on this CPU the prediction of a real fp32 job against its measured step time."""
+from collections import Counter
 from dataclasses import asdict
 
 import pytest
@@ -121,6 +122,43 @@ def test_checkpointing_adds_the_recomputed_forward_to_backward():
     assert recomputed["ops_per_micro_batch"] > plain["ops_per_micro_batch"] > 0
     assert plain["gpu_us_per_op"] == pytest.approx(
         1e6 * (plain["forward_s"] + plain["backward_s"]) / plain["ops_per_micro_batch"])
+
+
+def test_on_a_cpu_each_recomputed_op_costs_the_host_what_checkpointing_costs_this_cpu_per_op(monkeypatch):
+    from memsweep.measure import peak
+
+    jobs = {c: job_of(["model=tiny", "batch_size=8", "max_seq_len=16", "accumulation=x4", f"checkpointing={c}"])
+            for c in ("none", "full", "selective")}
+    monkeypatch.setattr(peak, "recomputed_op_s", lambda: 1e-3)
+    t = {c: estimate_job(*job).step_time for c, job in jobs.items()}
+    # the recomputed ops are the forward's ops run again inside the backward: the backward's extra ops
+    assert t["none"]["ops_recomputed"] == 0
+    assert t["full"]["ops_recomputed"] == t["full"]["ops_per_micro_batch"] - t["none"]["ops_per_micro_batch"] > 0
+    assert 0 < t["selective"]["ops_recomputed"] < t["full"]["ops_recomputed"]  # the kept matmuls are not rerun
+    # each micro-batch's recomputed ops at what this CPU measured for one, beyond their own calls
+    rates = roofline.rates_of(jobs["full"][1], "fp32")
+    assert t["full"]["dispatch_s"] == pytest.approx(
+        4 * t["full"]["ops_per_micro_batch"] * rates.host_s_per_op + 4 * t["full"]["ops_recomputed"] * 1e-3
+        + (3 * t["full"]["ops_accumulating"] + t["full"]["ops_in_optimizer_step"]) * rates.host_s_per_step_op)
+    # a GPU profile's hooks are not measured (no card here): its step keeps the ops' launches alone
+    assert roofline.recompute_hooks_s({"recomputed_ops": 100}, roofline.rates_of(load_profile("a100_40gb"), "bf16"),
+                                      None) == 0
+
+
+def test_this_cpus_cost_of_a_recomputed_op_is_the_checkpointed_steps_extra_time_over_its_extra_ops(monkeypatch):
+    from memsweep.measure import peak
+
+    # the tiny BERT's plain step, then its checkpointed one, timed at 1 and 2 s: the extra second over the
+    # recomputed ops, less the plain step's second per op
+    times = iter([1.0, 2.0])
+    monkeypatch.setattr(peak, "median_seconds", lambda run, seconds: next(times))
+    counted = []
+    real = peak.ops_in
+    monkeypatch.setattr(peak, "ops_in", lambda call: counted.append(real(call)) or counted[-1])
+    got = peak.seconds_per_recomputed_op()
+    plain, checkpointed = counted[0], counted[1]
+    assert checkpointed > plain > 0
+    assert got == pytest.approx(1.0 / (checkpointed - plain) - 1.0 / plain)
 
 
 def test_step_time_adds_accumulation_the_optimizer_and_offload_copies():
@@ -292,6 +330,15 @@ def test_a_cpu_times_each_product_of_its_step_at_its_own_shape_on_this_cpu(monke
               for phase, op, operands, *_ in products if op == "aten.mm.default"}
     assert {((64, 384), (384, 1536)), ((1536, 64), (64, 384))} <= shapes
     assert sum(n for phase, *_, n in products if phase == "forward") >= 6 * 6  # 6 layers' q, k, v, out, up, down
+    # and the ops whose time is math per element, which the roofline has no FLOPs for: attention's softmax, the
+    # MLP's GELU and its gradient, each layer's at its own shape
+    math = Counter()
+    for phase, op, operands, key, flops, moved, n in products:
+        if op.split(".")[1] in ("_safe_softmax", "_softmax", "gelu", "gelu_backward"):
+            math[op] += n
+    assert sum(n for op, n in math.items() if "softmax" in op) == 6 and math["aten.gelu.default"] == 6
+    assert math["aten.gelu_backward.default"] == 6
+    assert all(flops == 0 for _, op, *_, flops, moved, n in products if op in math)
     # each timed at what this CPU takes for it, in place of the roofline at a 1,024-square product's rate
     monkeypatch.setattr(peak, "product_s", lambda op, operands: 1e-3)
     rates = roofline.rates_of(load_profile("cpu"), "fp32")

@@ -16,6 +16,7 @@ import torch
 from torch._guards import active_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import products
@@ -40,6 +41,9 @@ class Roofline(RuntimeEstimator):
         # each product's call as this CPU can run it again (timed_products): (phase, op, its operands, its record)
         self.products = Counter()
         self.accumulated = False
+        # ops a module's forward runs inside the backward: activation checkpointing's recomputation (no other
+        # forward runs there), whose saved-tensor hooks cost the host more than a plain op (peak.recomputed_op_s)
+        self.recomputed, self._in_forward, self._hooks = 0, 0, []
         self._estimate, self._estimate_mode_type = self.op_cost, "operator-level-cost-model"
 
     def mark(self, name: str) -> None:
@@ -79,7 +83,8 @@ class Roofline(RuntimeEstimator):
         elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):  # CPU dropout's mask: one draw each
             flops, key = out.numel(), RANDOM
         self.ops[(self.phase, key, flops, int(moved))] += 1
-        if packet in products.PRODUCTS:
+        self.recomputed += self.phase == "backward" and self._in_forward > 0
+        if packet in products.TIMED:
             self.products[(self.phase, str(func), products.operands(args, kwargs), key, flops, int(moved))] += 1
         self.sequence.append((self.phase, key, flops, int(moved)))
         return out, 0.0
@@ -91,12 +96,19 @@ class Roofline(RuntimeEstimator):
         if not isinstance(active_fake_mode(), FakeTensorMode):
             raise AssertionError("the roofline runs on the trace's fake tensors")
         RuntimeEstimator.fake_mode = active_fake_mode()
+        self._hooks = [register_module_forward_pre_hook(lambda *_: self._forward(1)),
+                       register_module_forward_hook(lambda *_: self._forward(-1), always_call=True)]
         TorchDispatchMode.__enter__(self)
         return self
 
     def __exit__(self, *args) -> None:
         # RuntimeEstimator's own __exit__ prints its total; the estimate reports it instead
         TorchDispatchMode.__exit__(self, *args)
+        for hook in self._hooks:
+            hook.remove()
+
+    def _forward(self, step: int) -> None:
+        self._in_forward += step
 
 
 def dtype_key(args) -> str:

@@ -35,9 +35,12 @@ thread that calls them, so a CPU step is each op's call and then its work, one a
 memory time is the lines it reads in (a fresh output's too, write-allocate); an output written over an input
 adds none (op_record.moved_bytes: an in-place add ran 1.6 times a copy's counted rate here). A
 1,024-square product's rate is a product's best: the step's own products (mm, addmm, bmm, baddbmm) are
-timed on this CPU at their shapes, strides and dtype, their operands out of the caches as a step's are
-(measure/peak.product_s). MiniLM at 1 x 32 tokens in a plain loop: its products took 38.7 of a micro-batch's
-67 ms, where the square rate said 23; timed so, each shape came within 0.7-1.0 of its in-model time. An op's
+timed on this CPU at their shapes, strides and dtype, their operands and outputs out of the caches as a step's
+are (measure/peak.product_s). MiniLM at 1 x 32 tokens in a plain loop: its products took 38.7 of a micro-batch's
+67 ms, where the square rate said 23; timed so, each shape came within 0.7-1.0 of its in-model time. So are
+the ops that evaluate an exponential, erf or tanh per element (softmax, GELU, SiLU: products.MATH), whose
+math the roofline has no FLOPs for: at 32 x 64 tokens MiniLM's softmax took 23.7 ms a micro-batch in the
+model, 1.8 at its bytes, 22.3 timed so. An op's
 call costs what this CPU measured (measure/peak.py): a model's op the time of a tiny BERT's forward and
 backward (1 x 8 tokens, next to no work) over its ops, an optimizer's op a bare call from a Python loop.
 And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
@@ -54,8 +57,9 @@ forward, each later micro-batch's gradients added into the first's (accumulation
 1 x 30 tokens, fp32, one thread here: 105 adds took 8.3 ms of a 67 ms micro-batch), gradient clipping, the
 optimizer step (memory-bound: it reads and writes every state tensor) and bitsandbytes' quantize / dequantize ops
 (each dispatched as an op with its bytes). What it adds outside the ops: activation offload's host copies over the
-profile's host link. What it leaves out: data loading, a training loop's own work per step (a Trainer's callbacks
-and logging), checkpointing's hooks on the host, TF32 products with a transposed first operand (a weight's
+profile's host link, and on a CPU activation checkpointing's saved-tensor hooks (recompute_hooks_s). What it
+leaves out: data loading, a training loop's own work per step (a Trainer's callbacks and logging), checkpointing's
+hooks on a GPU's host, TF32 products with a transposed first operand (a weight's
 gradient: 0.25-0.5 of the datasheet on the H200, a third slower than the sum), products of widths that are not
 multiples of 8 (a batched 197 x 64 x 197 product: 4 times the sum), and collectives between processes.
 """
@@ -90,7 +94,7 @@ class Rates:
     random_per_s: float = 0.0  # random numbers drawn per second; 0: drawing is never what an op waits for
     serial: bool = False  # the ops run on the thread that calls them (a CPU): each op's call, then its work
     traffic_hidden: bool = True  # a FLOP-counted op's bytes move while it computes; False: before and after
-    timed_products: bool = False  # the step's products timed on this CPU at their own shapes (peak.product_s)
+    timed_products: bool = False  # the step's products and math ops timed on this CPU at their shapes (peak.product_s)
 
 
 def op_s(key: str, flops: int, moved: int, rates: Rates) -> tuple[float, float, bool]:
@@ -129,15 +133,17 @@ def seconds(ops: list, rates: Rates, timed: Optional[list] = None) -> dict:
 
 
 def products_s(products: list, rates: Rates) -> dict:
-    """Per phase, what timing the step's products on this CPU at their own shapes (peak.product_s) adds to their
-    roofline at its rates (a 1,024-square product's: each product's best); and the same to the bound the roofline
-    gave each product (`compute_bound_s` or `memory_bound_s`): timing moves a product's seconds, not its bound."""
+    """Per phase, what timing the step's products and math ops (products.TIMED) on this CPU at their shapes
+    (peak.product_s) adds to their roofline at its rates (a 1,024-square product's rate, each product's best; a
+    math op's bytes); and each op's seconds moved to what bounds it so timed (`compute_bound_s` where it takes
+    longer than its bytes at the bandwidth, else `memory_bound_s`)."""
     out = dict.fromkeys((*PHASES, "compute_bound_s", "memory_bound_s"), 0.0)
     for phase, op, operands, key, flops, moved, n in products:
         compute_s, memory_s, _ = op_s(key, flops, moved, rates)
-        added = n * (peak.product_s(op, operands) - op_time(key, flops, moved, rates))
-        out[phase] += added
-        out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] += added
+        roofline_s, timed_s = op_time(key, flops, moved, rates), peak.product_s(op, operands)
+        out[phase] += n * (timed_s - roofline_s)
+        out["compute_bound_s" if compute_s > memory_s else "memory_bound_s"] -= n * roofline_s
+        out["compute_bound_s" if timed_s > memory_s else "memory_bound_s"] += n * timed_s
     return out
 
 
@@ -227,8 +233,9 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
     accumulate_s = (accumulation - 1) * parts["accumulate"]  # each micro-batch after the first adds into the first's
     device_s = accumulation * micro_batch_s + accumulate_s + on_device * parts["step"]
     # autograd's engine calls the accumulating adds from C++, without a module's Python: an optimizer's op's cost
-    dispatch_s = (accumulation * ops * rates.host_s_per_op + ((accumulation - 1) * parts["ops"]["accumulate"]
-                  + on_device * parts["ops"]["step"]) * rates.host_s_per_step_op)
+    dispatch_s = (accumulation * (ops * rates.host_s_per_op + recompute_hooks_s(traced, rates, model_type))
+                  + ((accumulation - 1) * parts["ops"]["accumulate"] + on_device * parts["ops"]["step"])
+                  * rates.host_s_per_step_op)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
     paged = (traced.get("paged_in_bytes") or {}) if pages_anew and rates.serial else {}  # a GPU's allocator caches
     per_byte = peak.fresh_page_s() / peak.PAGE if any(paged.values()) else 0.0
@@ -246,11 +253,24 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
            "idle_s": queue_s - device_s - pages_s,  # waiting for launches
            "bound": "host dispatch" if dispatch_s > device_s else "device",
            "ops_per_micro_batch": ops, "ops_accumulating": parts["ops"]["accumulate"],
+           "ops_recomputed": traced.get("recomputed_ops", 0),
            "ops_in_optimizer_step": parts["ops"]["step"],
            "gpu_us_per_op": 1e6 * micro_batch_s / ops if ops else None,
            "compute_bound_share": parts["compute_bound_s"] / max(parts["compute_bound_s"] + parts["memory_bound_s"], 1e-30),
            "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), launched by the host"}
     return {**out, **untimed(parts, traced, plan, profile, on_device)}
+
+
+def recompute_hooks_s(traced: dict, rates: Rates, model_type: Optional[str]) -> float:
+    """What activation checkpointing's hooks cost the host per micro-batch beyond the recomputed ops' own calls:
+    on a CPU, each recomputed op (op_record.Roofline.recomputed) at what this CPU measured for one
+    (peak.recomputed_op_s: MiniLM at 1 x 30 tokens took 21-23 ms longer a micro-batch checkpointed, its
+    recomputed forward's ops and calls 12.5 ms of it), as a model's op costs the host relative to BERT's
+    (host_cost.py). On a GPU profile not measured (no card here to measure it on): none."""
+    recomputed = traced.get("recomputed_ops", 0)
+    if not recomputed or not rates.serial:
+        return 0.0
+    return recomputed * peak.recomputed_op_s() * host_cost.relative(model_type)
 
 
 def untimed(parts: dict, traced: dict, plan, profile, on_device: bool) -> dict:

@@ -51,7 +51,8 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
     spec = optimizer_spec(plan, model)
     with fake_job(job, plan, profile, model) as model:
         optimizer = None if adjustment and adjustment.flat_numel else build_optimizer(plan, model, profile, spec)
-        flops, ops, sequence, products = warm_up(job, plan, model, optimizer, on_cpu=profile.device == "cpu")
+        flops, ops, sequence, products, recomputed = warm_up(job, plan, model, optimizer,
+                                                             on_cpu=profile.device == "cpu")
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
         recorder = capture.Recorder(capture.alive_at_step(model, inner_optimizer(optimizer) if optimizer else None,
@@ -71,7 +72,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
                           forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
                    "flops_per_step": flops * plan.accumulation_steps, "roofline_ops": ops,
-                   "roofline_sequence": sequence, "roofline_products": products,
+                   "roofline_sequence": sequence, "roofline_products": products, "recomputed_ops": recomputed,
                    "paged_in_bytes": capture.paged_in(recorder.events, len(batches)),
                    "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
@@ -127,10 +128,10 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
     return {**traced, "allocator": readings[(gpu, workspace)], "gpu": gpu, "workspace": workspace}
 
 
-def warm_up(job: Config, plan, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list]:
+def warm_up(job: Config, plan, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list, int]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
-    behind. Its ops are recorded here (op_record.py): one micro-batch's forward and backward,
-    and the optimizer step; their FLOPs are the micro-batch's (torch.utils.flop_counter's formulas, op by op,
+    behind. Its ops are recorded here (op_record.py): one micro-batch's forward and backward (and how many of the
+    backward's ops recompute the forward: activation checkpointing), and the optimizer step; their FLOPs are the micro-batch's (torch.utils.flop_counter's formulas, op by op,
     as FlopCounterMode sums them). The measured step runs under the ledger and the recorder only: a counting
     mode there can keep what it sees alive (FlopCounterMode keeps checkpointing's recomputed activations: a
     false peak)."""
@@ -138,7 +139,7 @@ def warm_up(job: Config, plan, model, optimizer, on_cpu: bool = False) -> tuple[
     with op_record.recording(on_cpu) as ops:
         training_step(model, optimizer, [batch], plan, marks=ops)
     record = op_record.reading(ops)
-    return op_record.micro_batch_flops(record), record, ops.sequence, products.reading(ops)
+    return op_record.micro_batch_flops(record), record, ops.sequence, products.reading(ops), ops.recomputed
 
 
 def measured_batches(job: Config, plan, model) -> list:

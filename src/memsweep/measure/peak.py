@@ -77,18 +77,39 @@ def seconds_per_op(seconds: float = 0.5) -> float:
     autograd, the dispatcher, a kernel's set-up): a 2-layer, 32-wide BERT (transformers', as jobs run) at 1 x 8
     tokens, whose ops do next to nothing, stepped forward and backward; its time over the ops the roofline
     counts in it (`launches`)."""
+    step = _tiny_bert_step()
+    return median_seconds(step, seconds) / ops_in(step)
+
+
+def seconds_per_recomputed_op(seconds: float = 0.5) -> float:
+    """What an op that activation checkpointing recomputes costs this CPU beyond a model's op (seconds_per_op):
+    the tiny BERT of seconds_per_op stepped with each layer checkpointed as a job checkpoints it
+    (techniques/checkpointing.enable: torch.utils.checkpoint, non-reentrant, whose saved-tensor hooks, Python
+    functions, pack each tensor the forward saves, unpack it in the backward, where the first unpack of a layer
+    runs its recomputation under hooks of its own), its time beyond the plain step's over the ops it recomputes,
+    less the plain step's time per op."""
+    from ..techniques.checkpointing import enable
+
+    plain, checkpointed = _tiny_bert_step(), _tiny_bert_step(enable)
+    plain_ops = ops_in(plain)
+    recomputed = ops_in(checkpointed) - plain_ops
+    plain_s, checkpointed_s = median_seconds(plain, seconds), median_seconds(checkpointed, seconds)
+    return max(0.0, (checkpointed_s - plain_s) / max(recomputed, 1) - plain_s / plain_ops)
+
+
+def _tiny_bert_step(transform=lambda model: model):
+    """One forward and backward of a 2-layer, 32-wide BERT at 1 x 8 tokens (`transform` applied to it)."""
     from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=16)
-    model = BertForSequenceClassification(config).train()
+    model = transform(BertForSequenceClassification(config).train())
     batch = {"input_ids": torch.ones(1, 8, dtype=torch.long), "labels": torch.zeros(1, dtype=torch.long)}
 
     def step():
         model(**batch).loss.backward()
         model.zero_grad(set_to_none=True)
-
-    return median_seconds(step, seconds) / ops_in(step)
+    return step
 
 
 def seconds_per_call(calls: int = 100, seconds: float = 0.2) -> float:
@@ -133,36 +154,54 @@ def last_cache_bytes() -> int:
 
 
 def product_s(op: str, operands: tuple) -> float:
-    """What one product of a step (estimate/products.py) takes this CPU at its own shapes, strides and dtype,
-    with its operands out of the caches as a step's are (each layer's weights and activations are read once,
-    and the step's bytes are far more than the caches hold): median over calls, each on its own copy of the
-    operands, the copies together twice the last-level cache (triton's do_bench flushes the cache between
-    calls for the same reason). A 1,024-square product's rate is a product's best: MiniLM's forward products
-    at 32 rows took 1.5-1.6 times as long with cold operands as with hot ones, its weights' gradients 1.05-1.1."""
+    """What one product of a step, or one op of products.MATH, takes this CPU at its own shapes, strides and dtype,
+    with its operands and its output out of the caches as a step's are (each layer's weights and activations
+    are read once, each output is a block the step last touched long before, and the step's bytes are far more
+    than the caches hold): median over calls, each on its own copy of the operands and writing its own output
+    (the product's `out=` form), the copies together twice the last-level cache (triton's do_bench flushes
+    the cache between calls for the same reason). A product returning a new tensor each call would write the
+    block malloc just took back from the call before, still in the caches. A 1,024-square product's rate is a
+    product's best: MiniLM's forward products at 32 rows took 1.5-1.6 times as long with cold operands as
+    with hot ones; its weights' gradients at 30 rows 1.2-1.45 times as long writing a cold output."""
     return _product_at(op, operands, torch.get_num_threads())
+
+
+def _made(value):
+    """A product's argument from its record: a tensor of its shape, strides and dtype, or the scalar."""
+    if not isinstance(value, tuple):
+        return value
+    shape, strides, dtype = value[1], value[2], getattr(torch, value[3])
+    return torch.empty_strided(shape, strides, dtype=dtype).fill_(1.0)  # a product's speed is not its values
 
 
 @functools.lru_cache(maxsize=4096)
 def _product_at(op: str, operands: tuple, threads: int) -> float:
     namespace, name, overload = op.split(".")
-    func = getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    # each operand's storage: its last element's offset, plus one
-    size = sum(torch.empty(0, dtype=getattr(torch, v[3])).element_size()
-               * (1 + sum((n - 1) * st for n, st in zip(v[1], v[2]))) for _, v in operands if isinstance(v, tuple))
+    packet = getattr(getattr(torch.ops, namespace), name)
+
+    def made() -> tuple[list, dict]:
+        return [_made(v) for k, v in operands if k is None], {k: _made(v) for k, v in operands if k is not None}
+
+    func = getattr(packet, overload)
+    args, kwargs = made()
+    result = func(*args, **kwargs)
+
+    def output():
+        return torch.empty_strided(result.shape, result.stride(), dtype=result.dtype)
+
+    # each operand's storage (its last element's offset, plus one) and the output's
+    size = result.nbytes + sum(torch.empty(0, dtype=getattr(torch, v[3])).element_size()
+                               * (1 + sum((n - 1) * st for n, st in zip(v[1], v[2])))
+                               for _, v in operands if isinstance(v, tuple))
     copies = max(2, min(64, 2 * last_cache_bytes() // max(size, 1)))  # two of more than the cache flush each other
+    calls = itertools.cycle([(*made(), output()) for _ in range(copies)])
 
-    def made(value):
-        if not isinstance(value, tuple):
-            return value
-        shape, strides, dtype = value[1], value[2], getattr(torch, value[3])
-        return torch.empty_strided(shape, strides, dtype=dtype).fill_(1.0)  # a product's speed is not its values
-
-    calls = itertools.cycle([([made(v) for k, v in operands if k is None],
-                              {k: made(v) for k, v in operands if k is not None}) for _ in range(copies)])
+    # an op without an out= form (an elementwise gradient's is named otherwise) writes a fresh output
+    into = getattr(packet, "out", None) if overload == "default" else None
 
     def call():
-        args, kwargs = next(calls)
-        func(*args, **kwargs)
+        args, kwargs, out = next(calls)
+        into(*args, **kwargs, out=out) if into is not None else func(*args, **kwargs)
     return median_seconds(call, 0.05, warm=1, least=3, most=200)
 
 
@@ -195,3 +234,14 @@ def fresh_page_s() -> float:
 @functools.lru_cache(maxsize=4)
 def _fresh_page_at(threads: int) -> float:
     return seconds_per_page_fault()
+
+
+def recomputed_op_s() -> float:
+    """seconds_per_recomputed_op at the thread count torch runs with, measured once per count, and only when a
+    job's step recomputes (activation checkpointing)."""
+    return _recomputed_op_at(torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=4)
+def _recomputed_op_at(threads: int) -> float:
+    return seconds_per_recomputed_op()
