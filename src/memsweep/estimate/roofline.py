@@ -94,7 +94,7 @@ class Rates:
     random_per_s: float = 0.0  # random numbers drawn per second; 0: drawing is never what an op waits for
     serial: bool = False  # the ops run on the thread that calls them (a CPU): each op's call, then its work
     traffic_hidden: bool = True  # a FLOP-counted op's bytes move while it computes; False: before and after
-    timed_products: bool = False  # the step's products and math ops timed on this CPU at their shapes (peak.product_s)
+    timed_products: bool = False  # the step's products and math ops timed on this CPU at their shapes (product_s)
 
 
 def op_s(key: str, flops: int, moved: int, rates: Rates) -> tuple[float, float, bool]:

@@ -131,10 +131,10 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
 def warm_up(job: Config, plan, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list, int]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
     behind. Its ops are recorded here (op_record.py): one micro-batch's forward and backward (and how many of the
-    backward's ops recompute the forward: activation checkpointing), and the optimizer step; their FLOPs are the micro-batch's (torch.utils.flop_counter's formulas, op by op,
-    as FlopCounterMode sums them). The measured step runs under the ledger and the recorder only: a counting
-    mode there can keep what it sees alive (FlopCounterMode keeps checkpointing's recomputed activations: a
-    false peak)."""
+    backward's ops recompute the forward: activation checkpointing), and the optimizer step; their FLOPs are the
+    micro-batch's (torch.utils.flop_counter's formulas, op by op, as FlopCounterMode sums them). The measured
+    step runs under the ledger and the recorder only: a counting mode there can keep what it sees alive
+    (FlopCounterMode keeps checkpointing's recomputed activations: a false peak)."""
     batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
     with op_record.recording(on_cpu) as ops:
         training_step(model, optimizer, [batch], plan, marks=ops)

@@ -158,7 +158,7 @@ def product_s(op: str, operands: tuple) -> float:
     with its operands and its output out of the caches as a step's are (each layer's weights and activations
     are read once, each output is a block the step last touched long before, and the step's bytes are far more
     than the caches hold): median over calls, each on its own copy of the operands and writing its own output
-    (the product's `out=` form), the copies together twice the last-level cache (triton's do_bench flushes
+    (the op's `out=` form, where it has one), the copies together twice the last-level cache (triton's do_bench flushes
     the cache between calls for the same reason). A product returning a new tensor each call would write the
     block malloc just took back from the call before, still in the caches. A 1,024-square product's rate is a
     product's best: MiniLM's forward products at 32 rows took 1.5-1.6 times as long with cold operands as
