@@ -28,9 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the test suite's composer of a job's 
 
 def timed_ops(model, batch, steps: int, rates) -> tuple[dict, dict]:
     """{op name: [calls, measured s, predicted s]} and {(op, operand shapes): the same} over `steps` micro-batches."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.flop_counter import flop_registry
 
     from memsweep.estimate import op_record, products, roofline
     from memsweep.measure import peak
@@ -45,14 +43,9 @@ def timed_ops(model, batch, steps: int, rates) -> tuple[dict, dict]:
             start = time.perf_counter()
             out = func(*args, **kwargs)
             took = time.perf_counter() - start
-            flops, key, packet = 0, "-", func._overloadpacket
-            if packet in flop_registry:
-                flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), op_record.dtype_key(args)
-            elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):
-                flops, key = out.numel(), op_record.RANDOM
-            operands = products.operands(args, kwargs) if packet in products.TIMED else None
+            operands = products.operands(args, kwargs) if func._overloadpacket in products.TIMED else None
             predicted = peak.product_s(str(func), operands) if operands is not None else roofline.op_time(
-                key, flops, op_record.moved_bytes(args, kwargs, out, True), rates)
+                *op_record.priced(func, args, kwargs, out, on_cpu=True), rates)
             rows = [by_name[str(func)]] + ([by_shape[(str(func), tuple(
                 v[1] for _, v in operands if isinstance(v, tuple)))]] if operands is not None else [])
             for row in rows:

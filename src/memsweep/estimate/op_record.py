@@ -69,22 +69,14 @@ class Roofline(RuntimeEstimator):
 
     def op_cost(self, func, args, kwargs):
         """(the op's output, 0 ms): RuntimeEstimator's estimator interface; the cost is recorded, timed later."""
-        from torch.utils.flop_counter import flop_registry
-
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        packet = func._overloadpacket
         if not peak.launches(func):
             return out, 0.0
-        moved = moved_bytes(args, kwargs, out, self.on_cpu)
-        flops, key = 0, "-"
-        if packet in flop_registry:
-            flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(args)
-        elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):  # CPU dropout's mask: one draw each
-            flops, key = out.numel(), RANDOM
+        key, flops, moved = priced(func, args, kwargs, out, self.on_cpu)
         self.ops[(self.phase, key, flops, int(moved))] += 1
         self.recomputed += self.phase == "backward" and self._in_forward > 0
-        if packet in products.TIMED:
+        if func._overloadpacket in products.TIMED:
             self.products[(self.phase, str(func), products.operands(args, kwargs), key, flops, int(moved))] += 1
         self.sequence.append((self.phase, key, flops, int(moved)))
         return out, 0.0
@@ -109,6 +101,19 @@ class Roofline(RuntimeEstimator):
 
     def _forward(self, step: int) -> None:
         self._in_forward += step
+
+
+def priced(func, args, kwargs, out, on_cpu: bool) -> tuple[str, int, int]:
+    """An op's record without its phase: (compute dtype key, FLOPs, bytes moved). FLOPs by torch.utils.flop_counter's
+    formulas where it has one; CPU dropout's mask counts its random draws instead (RANDOM), one per element."""
+    from torch.utils.flop_counter import flop_registry
+
+    packet, flops, key = func._overloadpacket, 0, "-"
+    if packet in flop_registry:
+        flops, key = int(flop_registry[packet](*args, **kwargs, out_val=out)), dtype_key(args)
+    elif packet in (torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_):
+        flops, key = out.numel(), RANDOM
+    return key, flops, moved_bytes(args, kwargs, out, on_cpu)
 
 
 def dtype_key(args) -> str:
