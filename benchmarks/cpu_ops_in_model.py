@@ -3,6 +3,7 @@
     python benchmarks/cpu_ops_in_model.py                          # MiniLM, 1 x 30 tokens (the ladder's micro-batch)
     python benchmarks/cpu_ops_in_model.py --batch 32 --tokens 64   # make sweep's shape
     python benchmarks/cpu_ops_in_model.py --checkpointing full --top 40
+    python benchmarks/cpu_ops_in_model.py --swept                  # each product and math op also timed swept
 
 The job's model (model=..., fp32, one thread, freed host memory kept as jobs keep it) stepped forward and backward
 in eager PyTorch, the gradients kept so that later micro-batches add into them as accumulation does. A dispatch
@@ -13,7 +14,9 @@ measure/peak.product_s times it at its shape, any other op by the roofline (esti
 op name, largest excess first, and per product shape. Where an op's kernel takes far longer in the model than its
 prediction, the step time misses a mechanism: this is how cold product outputs, softmax's and GELU's per-element
 math and checkpointing's hooks were found (README, "Step time"). The host's per-op cost beyond the kernel
-(peak.seconds_per_op) is not in either column.
+(peak.seconds_per_op) is not in either column. `--swept` adds, per product and math op shape, its call timed after
+twice the last-level cache is written (the sweep not timed): its operands, its output, and its kernel's code and
+tables all out of the caches, which a call in a step whose layers stream more than the caches hold comes near.
 """
 import argparse
 import sys
@@ -26,14 +29,31 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 sys.path.insert(0, str(ROOT / "tests"))  # the test suite's composer of a job's config
 
 
-def timed_ops(model, batch, steps: int, rates) -> tuple[dict, dict]:
-    """{op name: [calls, measured s, predicted s]} and {(op, operand shapes): the same} over `steps` micro-batches."""
+def swept_s(func, args, kwargs, sweep, calls: int = 7) -> float:
+    """The median of `calls` calls of an op, each after `sweep` is written (not timed)."""
+    import statistics
+
+    took = []
+    for _ in range(calls):
+        sweep.add_(1.0)
+        start = time.perf_counter()
+        func(*args, **kwargs)
+        took.append(time.perf_counter() - start)
+    return statistics.median(took)
+
+
+def timed_ops(model, batch, steps: int, rates, swept: bool = False) -> tuple[dict, dict, dict]:
+    """{op name: [calls, measured s, predicted s]} and {(op, operand shapes): the same} over `steps` micro-batches,
+    and (`swept`) {(op, operand shapes): swept_s}, timed in the warm-up steps so that no sweep runs among the
+    timed calls."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from memsweep.estimate import op_record, products, roofline
     from memsweep.measure import peak
 
     by_name, by_shape = defaultdict(lambda: [0, 0.0, 0.0]), defaultdict(lambda: [0, 0.0, 0.0])
+    cold, sweep = {}, torch.zeros(2 * peak.last_cache_bytes() // 4) if swept else None
 
     class Timed(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -46,8 +66,11 @@ def timed_ops(model, batch, steps: int, rates) -> tuple[dict, dict]:
             operands = products.operands(args, kwargs) if func._overloadpacket in products.TIMED else None
             predicted = peak.product_s(str(func), operands) if operands is not None else roofline.op_time(
                 *op_record.priced(func, args, kwargs, out, on_cpu=True), rates)
-            rows = [by_name[str(func)]] + ([by_shape[(str(func), tuple(
-                v[1] for _, v in operands if isinstance(v, tuple)))]] if operands is not None else [])
+            shape = (str(func), tuple(v[1] for _, v in operands if isinstance(v, tuple))) \
+                if operands is not None else None
+            if swept and shape is not None and shape not in cold:
+                cold[shape] = swept_s(func, args, kwargs, sweep)
+            rows = [by_name[str(func)]] + ([by_shape[shape]] if shape is not None else [])
             for row in rows:
                 row[0], row[1], row[2] = row[0] + 1, row[1] + took, row[2] + predicted
             return out
@@ -62,7 +85,7 @@ def timed_ops(model, batch, steps: int, rates) -> tuple[dict, dict]:
     with Timed():
         for _ in range(steps):
             step()
-    return by_name, by_shape
+    return by_name, by_shape, cold
 
 
 def main(argv=None) -> int:
@@ -73,6 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="micro-batches timed")
     parser.add_argument("--checkpointing", default="none", choices=["none", "full", "selective"])
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--swept", action="store_true", help="also time each product and math op after a cache sweep")
     args = parser.parse_args(argv)
 
     import torch
@@ -95,7 +119,8 @@ def main(argv=None) -> int:
     batch = {"input_ids": torch.randint(0, 1000, (args.batch, args.tokens)),
              "attention_mask": torch.ones(args.batch, args.tokens, dtype=torch.long),
              "labels": torch.zeros(args.batch, dtype=torch.long)}
-    by_name, by_shape = timed_ops(model, batch, args.steps, roofline.rates_of(load_profile("cpu"), "fp32"))
+    by_name, by_shape, cold = timed_ops(model, batch, args.steps, roofline.rates_of(load_profile("cpu"), "fp32"),
+                                        args.swept)
     n = args.steps
     measured, predicted = (sum(r[i] for r in by_name.values()) / n for i in (1, 2))
     print(f"{args.model} {args.batch} x {args.tokens} tokens, checkpointing {args.checkpointing}: per micro-batch "
@@ -105,7 +130,9 @@ def main(argv=None) -> int:
         print(f"{name:<46}{calls / n:>6.0f}{1e3 * m / n:>13.3f}{1e3 * p / n:>14.3f}{1e3 * (m - p) / n:>+11.3f}")
     print("products and math ops by shape (per call):")
     for (name, shapes), (calls, m, p) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])[:args.top]:
-        print(f"  {name:<28}{str(shapes):<44} measured {1e6 * m / calls:9.1f} us  predicted {1e6 * p / calls:9.1f} us")
+        after = f"  swept {1e6 * cold[(name, shapes)]:9.1f} us" if (name, shapes) in cold else ""
+        print(f"  {name:<28}{str(shapes):<44} measured {1e6 * m / calls:9.1f} us  predicted {1e6 * p / calls:9.1f} us"
+              + after)
     return 0
 
 

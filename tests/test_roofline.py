@@ -407,7 +407,7 @@ def test_the_committed_host_costs_cover_what_the_benchmark_measures_and_its_chec
 
 def test_the_op_by_op_benchmark_prices_each_op_of_a_real_step_as_the_estimate_does(capsys):
     # the timing is the benchmark's (python benchmarks/cpu_ops_in_model.py); here: every op of a real step is
-    # priced, the products and the math ops at their own shapes
+    # priced, the products and the math ops at their own shapes, and each of those also timed after a cache sweep
     import sys
 
     from conftest import ROOT
@@ -417,7 +417,7 @@ def test_the_op_by_op_benchmark_prices_each_op_of_a_real_step_as_the_estimate_do
 
     threads = torch.get_num_threads()
     try:
-        assert cpu_ops_in_model.main(["--model", "tiny", "--steps", "1", "--top", "100"]) == 0
+        assert cpu_ops_in_model.main(["--model", "tiny", "--steps", "1", "--top", "100", "--swept"]) == 0
     finally:
         torch.set_num_threads(threads)  # the benchmark runs on one thread, as a job of `threads=1`
     out = capsys.readouterr().out
@@ -425,3 +425,5 @@ def test_the_op_by_op_benchmark_prices_each_op_of_a_real_step_as_the_estimate_do
     by_shape = out.split("by shape")[1]
     assert "aten.mm.default" in by_shape and "aten.gelu.default" in by_shape  # a product and a math op, per shape
     assert "aten.sum.dim_IntList" not in by_shape  # an op timed at its bytes is not
+    rows = [line for line in by_shape.splitlines()[1:] if line.strip()]
+    assert rows and all("swept" in line for line in rows)
