@@ -29,31 +29,17 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 sys.path.insert(0, str(ROOT / "tests"))  # the test suite's composer of a job's config
 
 
-def swept_s(func, args, kwargs, sweep, calls: int = 7) -> float:
-    """The median of `calls` calls of an op, each after `sweep` is written (not timed)."""
-    import statistics
-
-    took = []
-    for _ in range(calls):
-        sweep.add_(1.0)
-        start = time.perf_counter()
-        func(*args, **kwargs)
-        took.append(time.perf_counter() - start)
-    return statistics.median(took)
-
-
 def timed_ops(model, batch, steps: int, rates, swept: bool = False) -> tuple[dict, dict, dict]:
     """{op name: [calls, measured s, predicted s]} and {(op, operand shapes): the same} over `steps` micro-batches,
-    and (`swept`) {(op, operand shapes): swept_s}, timed in the warm-up steps so that no sweep runs among the
-    timed calls."""
-    import torch
+    and (`swept`) {(op, operand shapes): its median call, each after a cache sweep (peak.cache_sweep)}, timed in
+    the warm-up steps so that no sweep runs among the timed calls."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from memsweep.estimate import op_record, products, roofline
     from memsweep.measure import peak
 
     by_name, by_shape = defaultdict(lambda: [0, 0.0, 0.0]), defaultdict(lambda: [0, 0.0, 0.0])
-    cold, sweep = {}, torch.zeros(2 * peak.last_cache_bytes() // 4) if swept else None
+    cold, sweep = {}, peak.cache_sweep() if swept else None
 
     class Timed(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -69,7 +55,8 @@ def timed_ops(model, batch, steps: int, rates, swept: bool = False) -> tuple[dic
             shape = (str(func), tuple(v[1] for _, v in operands if isinstance(v, tuple))) \
                 if operands is not None else None
             if swept and shape is not None and shape not in cold:
-                cold[shape] = swept_s(func, args, kwargs, sweep)
+                cold[shape] = peak.median_seconds(lambda: func(*args, **kwargs), 0.0, warm=0, least=7, most=7,
+                                                  before=sweep)
             rows = [by_name[str(func)]] + ([by_shape[shape]] if shape is not None else [])
             for row in rows:
                 row[0], row[1], row[2] = row[0] + 1, row[1] + took, row[2] + predicted

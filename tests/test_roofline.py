@@ -130,6 +130,7 @@ def test_on_a_cpu_each_recomputed_op_costs_the_host_what_checkpointing_costs_thi
     jobs = {c: job_of(["model=tiny", "batch_size=8", "max_seq_len=16", "accumulation=x4", f"checkpointing={c}"])
             for c in ("none", "full", "selective")}
     monkeypatch.setattr(peak, "recomputed_op_s", lambda: 1e-3)
+    monkeypatch.setattr(peak, "module_walk_s", lambda: 1e-4)
     t = {c: estimate_job(*job).step_time for c, job in jobs.items()}
     # the recomputed ops are the forward's ops run again inside the backward: the backward's extra ops
     assert t["none"]["ops_recomputed"] == 0
@@ -139,10 +140,61 @@ def test_on_a_cpu_each_recomputed_op_costs_the_host_what_checkpointing_costs_thi
     rates = roofline.rates_of(jobs["full"][1], "fp32")
     assert t["full"]["dispatch_s"] == pytest.approx(
         4 * t["full"]["ops_per_micro_batch"] * rates.host_s_per_op + 4 * t["full"]["ops_recomputed"] * 1e-3
-        + (3 * t["full"]["ops_accumulating"] + t["full"]["ops_in_optimizer_step"]) * rates.host_s_per_step_op)
+        + 4 * t["full"]["modules_walked"] * 1e-4 + (3 * t["full"]["ops_accumulating"] + t["full"]["ops_in_optimizer_step"]) * rates.host_s_per_step_op)
     # a GPU profile's hooks are not measured (no card here): its step keeps the ops' launches alone
     assert roofline.recompute_hooks_s({"recomputed_ops": 100}, roofline.rates_of(load_profile("a100_40gb"), "bf16"),
                                       None) == 0
+
+
+def test_on_a_cpu_each_micro_batch_costs_the_host_trainers_walks_over_every_module_of_the_model(monkeypatch):
+    from memsweep.estimate.meta import traced_model
+    from memsweep.measure import peak
+
+    monkeypatch.setattr(peak, "module_walk_s", lambda: 1e-4)
+    base = ["model=tiny", "batch_size=8", "max_seq_len=16", "accumulation=x4"]
+    plain, lora = (job_of(base + extra) for extra in ([], ["lora=r8"]))
+    t, with_adapters = (estimate_job(*job).step_time for job in (plain, lora))
+    # the modules Trainer walks: the model's as the job builds it, adapters included
+    job, profile = plain
+    assert t["modules_walked"] == sum(1 for _ in traced_model(job, build_plan(job, profile)).modules()) > 0
+    assert with_adapters["modules_walked"] > t["modules_walked"]
+    # each of the 4 micro-batches walks them all once for model.train() and once for floating_point_ops
+    rates = roofline.rates_of(profile, "fp32")
+    assert roofline.trainer_walks_s({"modules": t["modules_walked"]}, rates) == pytest.approx(
+        t["modules_walked"] * 1e-4)
+    assert t["dispatch_s"] == pytest.approx(
+        4 * (t["ops_per_micro_batch"] * rates.host_s_per_op + t["modules_walked"] * 1e-4)
+        + (3 * t["ops_accumulating"] + t["ops_in_optimizer_step"]) * rates.host_s_per_step_op)
+    # a GPU profile's host is not measured (no card here): none
+    assert roofline.trainer_walks_s({"modules": 100}, roofline.rates_of(load_profile("a100_40gb"), "bf16")) == 0
+
+
+def test_this_cpus_cost_of_a_walk_per_module_is_trainers_two_walks_after_a_cache_sweep_over_the_modules(monkeypatch):
+    from memsweep.measure import peak
+
+    calls, sweeps = [], []
+
+    def sweep():
+        sweeps.append(len(calls))  # before the timed walks
+    monkeypatch.setattr(peak, "cache_sweep", lambda: sweep)
+
+    def median_seconds(run, seconds, warm=2, least=5, most=float("inf"), before=lambda: None):
+        before()
+        calls.append(run)
+        run()
+        return 1.0
+    monkeypatch.setattr(peak, "median_seconds", median_seconds)
+    got = peak.seconds_per_module_walk()
+    model, _ = peak._tiny_bert()
+    assert got == pytest.approx(1.0 / sum(1 for _ in model.modules()))
+    assert sweeps == [0] and len(calls) == 1
+
+
+def test_a_cache_sweep_writes_twice_the_last_level_cache():
+    from memsweep.measure import peak
+
+    written = peak.cache_sweep()()
+    assert written.nbytes >= 2 * peak.last_cache_bytes() - 4 and bool((written == 1.0).all())
 
 
 def test_this_cpus_cost_of_a_recomputed_op_is_the_checkpointed_steps_extra_time_over_its_extra_ops(monkeypatch):
@@ -234,11 +286,15 @@ def test_a_gpu_profiles_datasheet_rates_are_taken_at_the_ceilings_measured_on_a_
 
 
 def test_on_a_cpu_each_op_is_called_then_run_by_the_same_thread():
+    from memsweep.measure import peak
+
     job = job_of(["model=tiny", "batch_size=8", "max_seq_len=16", "accumulation=x4"])
     t = estimate_job(*job).step_time
-    # a tiny step is mostly calls: four micro-batches' ops and the optimizer's loop, each at this CPU's measured cost
+    # a tiny step is mostly calls: four micro-batches' ops (and Trainer's walks over the modules) and the
+    # optimizer's loop, each at this CPU's measured cost
     rates = roofline.rates_of(job[1], "fp32")
-    assert t["dispatch_s"] == pytest.approx(4 * t["ops_per_micro_batch"] * rates.host_s_per_op
+    assert t["dispatch_s"] == pytest.approx(4 * (t["ops_per_micro_batch"] * rates.host_s_per_op
+                                                 + t["modules_walked"] * peak.module_walk_s())
                                             + (3 * t["ops_accumulating"] + t["ops_in_optimizer_step"])
                                             * rates.host_s_per_step_op)
     assert t["step_s"] == pytest.approx(t["device_s"] + t["dispatch_s"]) and t["dispatch_s"] > t["device_s"]

@@ -56,9 +56,10 @@ forward, each later micro-batch's gradients added into the first's (accumulation
 1 x 30 tokens, fp32, one thread here: 105 adds took 8.3 ms of a 67 ms micro-batch), gradient clipping, the
 optimizer step (memory-bound: it reads and writes every state tensor) and bitsandbytes' quantize / dequantize ops
 (each dispatched as an op with its bytes). What it adds outside the ops: activation offload's host copies over the
-profile's host link, and on a CPU activation checkpointing's saved-tensor hooks (recompute_hooks_s). What it
-leaves out: data loading, a training loop's own work per step (a Trainer's callbacks and logging), checkpointing's
-hooks on a GPU's host, TF32 products with a transposed first operand (a weight's
+profile's host link, and on a CPU activation checkpointing's saved-tensor hooks (recompute_hooks_s) and Trainer's
+walks over the model's modules each micro-batch (trainer_walks_s). What it leaves out: data loading, the rest of a
+training loop's own work (a Trainer's callbacks and logging: 7-11 ms a step of 32 micro-batches for MiniLM here),
+checkpointing's hooks and Trainer's walks on a GPU's host, TF32 products with a transposed first operand (a weight's
 gradient: 0.25-0.5 of the datasheet on the H200, a third slower than the sum), products of widths that are not
 multiples of 8 (a batched 197 x 64 x 197 product: 4 times the sum), and collectives between processes.
 """
@@ -232,7 +233,8 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
     accumulate_s = (accumulation - 1) * parts["accumulate"]  # each micro-batch after the first adds into the first's
     device_s = accumulation * micro_batch_s + accumulate_s + on_device * parts["step"]
     # autograd's engine calls the accumulating adds from C++, without a module's Python: an optimizer's op's cost
-    dispatch_s = (accumulation * (ops * rates.host_s_per_op + recompute_hooks_s(traced, rates, model_type))
+    dispatch_s = (accumulation * (ops * rates.host_s_per_op + recompute_hooks_s(traced, rates, model_type)
+                                  + trainer_walks_s(traced, rates))
                   + ((accumulation - 1) * parts["ops"]["accumulate"] + on_device * parts["ops"]["step"])
                   * rates.host_s_per_step_op)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
@@ -252,7 +254,7 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
            "idle_s": queue_s - device_s - pages_s,  # waiting for launches
            "bound": "host dispatch" if dispatch_s > device_s else "device",
            "ops_per_micro_batch": ops, "ops_accumulating": parts["ops"]["accumulate"],
-           "ops_recomputed": traced.get("recomputed_ops", 0),
+           "ops_recomputed": traced.get("recomputed_ops", 0), "modules_walked": traced.get("modules", 0),
            "ops_in_optimizer_step": parts["ops"]["step"],
            "gpu_us_per_op": 1e6 * micro_batch_s / ops if ops else None,
            "compute_bound_share": parts["compute_bound_s"] / max(parts["compute_bound_s"] + parts["memory_bound_s"], 1e-30),
@@ -270,6 +272,15 @@ def recompute_hooks_s(traced: dict, rates: Rates, model_type: Optional[str]) -> 
     if not recomputed or not rates.serial:
         return 0.0
     return recomputed * peak.recomputed_op_s() * host_cost.relative(model_type)
+
+
+def trainer_walks_s(traced: dict, rates: Rates) -> float:
+    """What Trainer's own work costs the host per micro-batch: `model.train()` in its training_step and
+    `floating_point_ops` (num_parameters) in its loop each walk every module of the model (the trace's count of
+    them). On a CPU at what this CPU measured per module (peak.module_walk_s); on a GPU profile not measured (no
+    card here, and the host walks while the device runs the queue the micro-batch before launched): none."""
+    modules = traced.get("modules", 0)
+    return modules * peak.module_walk_s() if modules and rates.serial else 0.0
 
 
 def untimed(parts: dict, traced: dict, plan, profile, on_device: bool) -> dict:

@@ -73,6 +73,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
                    "flops_per_step": flops * plan.accumulation_steps, "roofline_ops": ops,
                    "roofline_sequence": sequence, "roofline_products": products, "recomputed_ops": recomputed,
+                   "modules": sum(1 for _ in model.modules()),  # what Trainer walks each micro-batch
                    "paged_in_bytes": capture.paged_in(recorder.events, len(batches)),
                    "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}

@@ -14,15 +14,17 @@ from ..run.host_memory import PAGE  # what a fresh page is (glibc's malloc)
 
 
 def median_seconds(run, seconds: float, sync=lambda: None, warm: int = 2, least: int = 5,
-                   most: float = float("inf")) -> float:
+                   most: float = float("inf"), before=lambda: None) -> float:
     """Median seconds of a call of `run` over about `seconds` of calls (at least `least`, at most `most`), after
     `warm` calls that are not counted; `sync` waits for the device after each (torch.cuda.synchronize where the
-    work runs on a GPU)."""
+    work runs on a GPU); `before` runs ahead of each call, untimed (a cache sweep)."""
     for _ in range(warm):
+        before()
         run()
     sync()
     took, spent = [], 0.0
     while len(took) < least or (spent < seconds and len(took) < most):
+        before()
         start = time.perf_counter()
         run()
         sync()
@@ -97,19 +99,48 @@ def seconds_per_recomputed_op(seconds: float = 0.5) -> float:
     return max(0.0, (checkpointed_s - plain_s) / max(recomputed, 1) - plain_s / plain_ops)
 
 
-def _tiny_bert_step(transform=lambda model: model):
-    """One forward and backward of a 2-layer, 32-wide BERT at 1 x 8 tokens (`transform` applied to it)."""
+def _tiny_bert(transform=lambda model: model):
+    """A 2-layer, 32-wide BERT (`transform` applied to it) in training mode, and a batch of 1 x 8 tokens."""
     from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=16)
-    model = transform(BertForSequenceClassification(config).train())
     batch = {"input_ids": torch.ones(1, 8, dtype=torch.long), "labels": torch.zeros(1, dtype=torch.long)}
+    return transform(BertForSequenceClassification(config).train()), batch
+
+
+def _tiny_bert_step(transform=lambda model: model):
+    """One forward and backward of the tiny BERT (`transform` applied to it)."""
+    model, batch = _tiny_bert(transform)
 
     def step():
         model(**batch).loss.backward()
         model.zero_grad(set_to_none=True)
     return step
+
+
+def seconds_per_module_walk(calls: int = 15) -> float:
+    """What Trainer's own work on each micro-batch costs this CPU per module of the model: its training_step
+    calls `model.train()` and, to count FLOPs, its loop calls `floating_point_ops`, which is
+    `num_parameters(exclude_embeddings=True)` (transformers' trainer.py), each a walk over every module (and
+    parameter). Timed on the tiny BERT, each call after twice the last-level cache is written, as a micro-batch's
+    tensors leave it between two of them (MiniLM's walks took 0.38 ms in a loop, 0.55 swept, and
+    floating_point_ops alone 0.5-0.6 ms a call in a job's loop), over its modules."""
+    model, _ = _tiny_bert()
+
+    def walks():
+        model.train()
+        model.num_parameters(exclude_embeddings=True)
+    swept = median_seconds(walks, 0.0, warm=1, least=calls, most=calls, before=cache_sweep())
+    return swept / len(list(model.modules()))
+
+
+def cache_sweep():
+    """A call that writes twice the last-level cache: after it, what the next call touches (its operands and
+    output, its code and tables, the Python objects it walks) comes from memory, as after a micro-batch, or a
+    layer of a step that streams more than the caches hold."""
+    sweep = torch.empty(2 * last_cache_bytes() // 4)
+    return lambda: sweep.fill_(1.0)
 
 
 def seconds_per_call(calls: int = 100, seconds: float = 0.2) -> float:
@@ -234,6 +265,17 @@ def fresh_page_s() -> float:
 @functools.lru_cache(maxsize=4)
 def _fresh_page_at(threads: int) -> float:
     return seconds_per_page_fault()
+
+
+def module_walk_s() -> float:
+    """seconds_per_module_walk at the thread count torch runs with, measured once per count, and only when a
+    job's step is timed on this CPU."""
+    return _module_walk_at(torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=4)
+def _module_walk_at(threads: int) -> float:
+    return seconds_per_module_walk()
 
 
 def recomputed_op_s() -> float:
