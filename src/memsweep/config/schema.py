@@ -207,6 +207,10 @@ class HardwareConf:
     # profile: the roofline's rates (estimate/roofline.py); null on a CPU = measured there at start-up.
     memory_gbs: Optional[float] = None
     host_link_gbs: Optional[float] = None
+    # GPU to GPU inside a node, GB/s one direction per GPU (NVLink where the part has it), from the datasheet
+    # named in the profile; null = the host link (PCIe): the ring of several processes' collectives
+    # (estimate/collectives.py)
+    interconnect_gbs: Optional[float] = None
     # major.minor of a CUDA GPU (9.0 = Hopper): null on a CPU; detected on a GPU without a profile
     compute_capability: Optional[float] = None
     # streaming multiprocessors of a CUDA GPU (how PyTorch's reduction kernel splits its work, hence the
@@ -276,6 +280,9 @@ class DistributedConf:
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None
     backend: str = "auto"  # auto = gloo on CPU, nccl on GPU (Accelerate's choice); else TrainingArguments.ddp_backend
+    # The network between nodes, GB/s one direction per GPU (a cluster's, not a GPU's: e.g. 400 Gb/s NICs, one
+    # per GPU = 50): the collectives' ring across nodes (estimate/collectives.py); null = not timed across nodes
+    network_gbs: Optional[float] = None
 
     @property
     def world_size(self) -> int:

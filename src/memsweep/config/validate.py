@@ -146,6 +146,8 @@ RANGES: dict[str, Check] = {
     "measure.warmup_steps": NON_NEGATIVE,
     "distributed.nproc": POSITIVE_INT,
     "distributed.nodes": POSITIVE_INT,
+    "distributed.network_gbs": OPTIONAL_POSITIVE,
+    "hardware.interconnect_gbs": OPTIONAL_POSITIVE,
     "search.max_peak_gib": OPTIONAL_POSITIVE,
     "logger.init_timeout_s": POSITIVE,
 }

@@ -85,7 +85,7 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
     adjusted = traced.get("adjustment")
     # pages come anew only where freed host memory goes back to the OS: not under the job's malloc_reuse
     timing = roofline.step_time(traced, plan, profile, pages_anew=not (job.malloc_reuse or host_memory.in_effect()),
-                                model_type=config.model_type)
+                                model_type=config.model_type, distributed=job.distributed)
     tokens = plan.micro_batch_size * plan.accumulation_steps * job.max_seq_len
     return Estimate(
         method="adjusted trace" if adjusted else "trace", method_reason=adjusted, hardware=profile.name,

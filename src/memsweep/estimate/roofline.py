@@ -61,14 +61,15 @@ walks over the model's modules each micro-batch (trainer_walks_s). What it leave
 training loop's own work (a Trainer's callbacks and logging: 7-11 ms a step of 32 micro-batches for MiniLM here),
 checkpointing's hooks and Trainer's walks on a GPU's host, TF32 products with a transposed first operand (a weight's
 gradient: 0.25-0.5 of the datasheet on the H200, a third slower than the sum), products of widths that are not
-multiples of 8 (a batched 197 x 64 x 197 product: 4 times the sum), and collectives between processes.
+multiples of 8 (a batched 197 x 64 x 197 product: 4 times the sum). Several processes' collectives are added
+where they outlast the compute they overlap (collectives_waited, collectives.py).
 """
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from . import host_cost
+from . import collectives, host_cost
 from ..measure import peak
 
 GB = 1e9
@@ -211,13 +212,15 @@ def rates_of(profile, compute_key: str, model_type: Optional[str] = None) -> Opt
                  traffic_hidden=not on_gpu, timed_products=source.startswith("this CPU"))
 
 
-def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type: Optional[str] = None) -> dict:
+def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type: Optional[str] = None,
+              distributed=None) -> dict:
     """The predicted time of one optimizer step: on a GPU the host's launches of the ops and the device's
     kernels (queued_s: accumulation x a micro-batch's forward + backward, then the optimizer step); on a CPU
     the ops' sum; plus activation offload's host copies (save_on_cpu: each saved tensor to the host in forward
     and back in backward, over the host link). With its parts; `step_s` None with the reason where it cannot
     be predicted. `pages_anew`: the process hands freed host memory back to the OS (no malloc_reuse), so on a CPU
-    the step's large tensors are paged in again each time they are made; `model_type`'s ops cost the host theirs."""
+    the step's large tensors are paged in again each time they are made; `model_type`'s ops cost the host theirs;
+    several processes (`distributed`) wait for collectives that outlast what they overlap (collectives_waited)."""
     rates = rates_of(profile, plan.techniques.precision.compute, model_type)
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
@@ -232,11 +235,7 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
     ops, micro_batch_s = parts["ops"]["forward"] + parts["ops"]["backward"], parts["forward"] + parts["backward"]
     accumulate_s = (accumulation - 1) * parts["accumulate"]  # each micro-batch after the first adds into the first's
     device_s = accumulation * micro_batch_s + accumulate_s + on_device * parts["step"]
-    # autograd's engine calls the accumulating adds from C++, without a module's Python: an optimizer's op's cost
-    dispatch_s = (accumulation * (ops * rates.host_s_per_op + recompute_hooks_s(traced, rates, model_type)
-                                  + trainer_walks_s(traced, rates))
-                  + ((accumulation - 1) * parts["ops"]["accumulate"] + on_device * parts["ops"]["step"])
-                  * rates.host_s_per_step_op)
+    dispatch_s = host_calls_s(parts, traced, rates, model_type, accumulation, on_device)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
     paged = (traced.get("paged_in_bytes") or {}) if pages_anew and rates.serial else {}  # a GPU's allocator caches
     per_byte = peak.fresh_page_s() / peak.PAGE if any(paged.values()) else 0.0
@@ -246,7 +245,9 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
         queue_s = device_s + dispatch_s + pages_s
     else:
         queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
-    out = {"step_s": queue_s + host_s, "forward_s": parts["forward"], "backward_s": parts["backward"],
+    comm = collectives_waited(traced, plan, profile, distributed, accumulation * micro_batch_s)
+    out = {"step_s": queue_s + host_s + comm.get("collectives_waited_s", 0.0),
+           "forward_s": parts["forward"], "backward_s": parts["backward"],
            "forward_only_s": forward_only_s(sequence, parts, rates) + paged.get("forward", 0) * per_byte,
            "accumulate_s": accumulate_s,
            "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
@@ -258,8 +259,43 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
            "ops_in_optimizer_step": parts["ops"]["step"],
            "gpu_us_per_op": 1e6 * micro_batch_s / ops if ops else None,
            "compute_bound_share": parts["compute_bound_s"] / max(parts["compute_bound_s"] + parts["memory_bound_s"], 1e-30),
-           "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), launched by the host"}
-    return {**out, **untimed(parts, traced, plan, profile, on_device)}
+           "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), launched by the host",
+           **comm}
+    return noted(out, untimed(parts, traced, plan, profile, on_device), comm)
+
+
+def noted(out: dict, left_out: dict, comm: dict) -> dict:
+    """The step with what it cannot time (untimed) and one note of every part left out."""
+    notes = [n for n in (left_out.get("note"), comm.get("note")) if n]
+    return {**out, **left_out, **({"note": "; ".join(notes)} if notes else {})}
+
+
+def host_calls_s(parts: dict, traced: dict, rates: Rates, model_type: Optional[str], accumulation: int,
+                 on_device: bool) -> float:
+    """The host's calls of a step's ops: each micro-batch's forward and backward ops at a model's op's cost,
+    with checkpointing's hooks and Trainer's walks; the accumulating adds and the optimizer's ops at a bare
+    call's (autograd's engine calls the adds from C++, without a module's Python)."""
+    micro_batch = (parts["ops"]["forward"] + parts["ops"]["backward"]) * rates.host_s_per_op \
+        + recompute_hooks_s(traced, rates, model_type) + trainer_walks_s(traced, rates)
+    bare = (accumulation - 1) * parts["ops"]["accumulate"] + on_device * parts["ops"]["step"]
+    return accumulation * micro_batch + bare * rates.host_s_per_step_op
+
+
+def collectives_waited(traced: dict, plan, profile, distributed, compute_s: float) -> dict:
+    """Several processes' collectives (collectives.py): the bytes each rank sends a step, their seconds over the
+    ring's slowest link, and what the step waits for them beyond the `compute_s` they overlap; a note where
+    no link is known (a CPU profile's processes, or nodes without a network bandwidth)."""
+    sent = collectives.volume(plan, traced.get("total_params", 0), traced.get("trainable_params", 0))
+    if not sent.total:
+        return {}
+    gbs, link = collectives.link_gbs(profile, distributed) if distributed is not None and profile.device == "cuda" \
+        else (None, "no link bandwidth for this device")
+    if gbs is None:
+        return {"collective_bytes": sent.total, "note": f"the collectives of {plan.world_size} processes are not timed "
+                                                        f"({link}): a lower bound"}
+    took, waited = collectives.waited_s(sent, gbs, compute_s)
+    return {"collective_bytes": sent.total, "collectives_s": took, "collectives_waited_s": waited,
+            "collectives_link": link}
 
 
 def recompute_hooks_s(traced: dict, rates: Rates, model_type: Optional[str]) -> float:
@@ -292,5 +328,5 @@ def untimed(parts: dict, traced: dict, plan, profile, on_device: bool) -> dict:
         return {"note": "the optimizer steps on the host: its step and the copies of gradients and weights to and from "
                         "it are not timed (a lower bound)"}
     if traced.get("optimizer") and traced.get("adjustment") and plan.techniques.deepspeed.on:
-        return {"note": "DeepSpeed's flat-partition optimizer step and its collectives are not timed"}
+        return {"note": "DeepSpeed's flat-partition optimizer step is not timed"}
     return {}

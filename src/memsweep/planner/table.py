@@ -53,7 +53,8 @@ HEADER = ("Predicted, not measured. device_gib: what nvidia-smi would show (the 
           "bytes, replayed, on the safe side of packing, plus the CUDA context); margin: capacity less that (a fit needs margin >= 0). "
           "step_s: one optimizer step (micro_batch x accumulation sequences of max_seq_len tokens): a roofline "
           "per op at the rates a card reaches of its datasheet's, each op launched by the host (eager PyTorch's "
-          "dispatch, measured on an H200's host); no data loading or collectives; "
+          "dispatch, measured on an H200's host), and several processes' collectives where they outlast the "
+          "compute they overlap; no data loading; "
           "tokens_per_s from it. method: how the memory was traced.\n\n")
 
 
