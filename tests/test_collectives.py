@@ -49,6 +49,7 @@ def test_the_ring_crosses_nvlink_the_pcie_link_or_the_network():
     assert link("hardware=rtx4090") == 31.5  # no NVLink: its PCIe 4.0 x16 host link
     assert link("distributed.nodes=2") is None  # across nodes, no network given: not timed
     assert link("distributed.nodes=2", "distributed.network_gbs=50") == 50.0
+    assert link("hardware.host_link_gbs=null", "hardware=t4") is None  # a card with no link figure: not timed
 
 
 def test_a_step_waits_for_the_collectives_that_outlast_the_compute_they_overlap():

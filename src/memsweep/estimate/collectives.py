@@ -71,7 +71,7 @@ def volume(plan, total_params: int, trainable_params: int) -> Volume:
 
 def link_gbs(profile, distributed) -> tuple[Optional[float], str]:
     """The slowest link of the job's ring, GB/s one direction per GPU, and where it comes from; None where a
-    ring across nodes has no network bandwidth given."""
+    ring across nodes has no network bandwidth given, or the profile no link figure."""
     if distributed.nodes > 1:
         if distributed.network_gbs is None:
             return None, "across nodes: no distributed.network_gbs"
@@ -79,7 +79,9 @@ def link_gbs(profile, distributed) -> tuple[Optional[float], str]:
         return min(distributed.network_gbs, inside or distributed.network_gbs), "the network (distributed.network_gbs)"
     if profile.interconnect_gbs:
         return profile.interconnect_gbs, f"{profile.name}'s interconnect_gbs"
-    return profile.host_link_gbs, f"{profile.name}'s host link (PCIe)"
+    if profile.host_link_gbs:
+        return profile.host_link_gbs, f"{profile.name}'s host link (PCIe)"
+    return None, f"profile {profile.name} has no interconnect_gbs or host_link_gbs"
 
 
 def waited_s(sent: Volume, gbs: float, hidden_under_s: float) -> tuple[float, float]:
