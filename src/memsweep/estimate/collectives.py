@@ -9,10 +9,10 @@ in the dtype it travels in):
   all-gathered before each micro-batch's forward and, resharded after forward (full_shard), again before its
   backward; the trainable gradients reduce-scattered once a step (Trainer defers the reduction of the earlier
   micro-batches). Prefetching runs the gathers of the next unit while one computes.
-- DeepSpeed ZeRO: stage 0 all-reduces the gradients each step once backward is done; stages 1 and 2 reduce-scatter them (stage 1
-  once a step, stage 2 every micro-batch: its gradients are partitioned as they are made) and all-gather the
-  updated trainable parameters after the optimizer step; stage 3 gathers the parameters as FSDP does, and
-  reduce-scatters every micro-batch. DeepSpeed's module runs in the compute dtype.
+- DeepSpeed ZeRO: stage 0 all-reduces the gradients each step once backward is done; stages 1 and 2
+  reduce-scatter them (stage 1 once a step, stage 2 every micro-batch: its gradients are partitioned as they
+  are made) and all-gather the updated trainable parameters after the optimizer step; stage 3 gathers the
+  parameters as FSDP does, and reduce-scatters every micro-batch. DeepSpeed's module runs in the compute dtype.
 A ring moves (N-1)/N of the buffer per rank for an all-gather or a reduce-scatter, twice that for an
 all-reduce (NCCL's "bus bandwidth", nccl-tests' PERFORMANCE.md), each over the slowest link of the ring: the
 GPU's link to its peers inside a node (profile `interconnect_gbs`, one direction, NVLink where the part has
