@@ -147,6 +147,20 @@ def test_bad_plan_input_is_refused_naming_the_key(override, key):
         space.check(job)
 
 
+@pytest.mark.parametrize("network", [None, 50])
+def test_a_row_whose_time_leaves_out_collectives_across_nodes_says_so(network):
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "max_seq_len=64", "batch_size=8", "distributed.nproc=2",
+                     "distributed.nodes=2", "plan.hardware=[a100_40gb]", "plan.precision=[bf16]", "plan.lora=[none]",
+                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]"]
+                    + ([f"distributed.network_gbs={network}"] if network else []))
+    rows = [r for r in search.search(job, memo={}) if r["status"] in ("fits", "does not fit")]
+    assert rows and all(r["step_s"] for r in rows)
+    if network:
+        assert not any("not timed" in r["reason"] for r in rows)
+    else:  # a lower bound, and the row says why
+        assert all("collectives of 4 processes are not timed" in r["reason"] for r in rows)
+
+
 def test_a_combination_is_the_job_it_would_be():
     job, _ = job_of(WIDE)
     variant = space.variant(job, {"precision": "fp16", "optim": "adafactor", "checkpointing": "full", "lora": "qlora"}, 2)
@@ -154,3 +168,8 @@ def test_a_combination_is_the_job_it_would_be():
         "fp16", "adafactor", "qlora", 4)
     assert dataclasses.replace(variant, precision=job.precision, optim=job.optim, checkpointing=job.checkpointing,
                                lora=job.lora, accumulation=job.accumulation) == job
+    # over several processes each takes its share of the batch: micro-batch x accumulation x processes
+    ranks, _ = job_of(WIDE + ["distributed.nproc=2", "distributed.nodes=2"])
+    assert space.micro_batches(ranks) == [1, 2]
+    assert space.variant(ranks, {"precision": "fp16", "optim": "adamw", "checkpointing": "none", "lora": "r8"},
+                         1).accumulation.steps * 1 * 4 == ranks.batch_size

@@ -31,7 +31,8 @@ def figures(est) -> dict:
     reserved = (est.reserved_upper_bytes or est.peak_reserved_bytes) if est.device == "cuda" else est.peak_bytes
     return {"peak_bytes": est.peak_bytes, "allocated_bytes": allocated, "reserved_bytes": reserved,
             "overhead_bytes": est.overhead_bytes, "step_s": est.predicted_step_s,
-            "why_not": est.step_time.get("why_not"), "tokens": est.micro_batch_size * est.accumulation_steps * est.seq_len}
+            "why_not": est.step_time.get("why_not"), "time_note": est.step_time.get("note"),
+            "tokens": est.micro_batch_size * est.accumulation_steps * est.seq_len}
 
 
 def with_fit(row: dict, profile: HardwareConf) -> dict:

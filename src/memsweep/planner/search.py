@@ -52,7 +52,7 @@ def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> t
         figs = made["per_gpu"][p.name]
         status = "fits" if figs["fits"] else "does not fit"
         rows.append({**base, **figs, "gpu": p.name, "status": status, "method": made["method"],
-                     "reason": figs["why_not"] or ""})
+                     "reason": figs["why_not"] or figs["time_note"] or ""})  # no time, or what its time leaves out
     return rows, any(r["status"] == "fits" for r in rows)
 
 

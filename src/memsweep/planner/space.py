@@ -28,18 +28,28 @@ def check(job: Config) -> None:
                 raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
     if not plan.hardware:
         raise ConfigError("plan.hardware", "name at least one GPU profile, e.g. plan.hardware=[t4,a100_40gb]")
+    ranks = job.distributed.world_size
+    if job.batch_size % ranks:
+        raise ConfigError("batch_size", f"{job.batch_size} is not allowed: a multiple of the {ranks} processes "
+                                        "(distributed.nodes x distributed.nproc)")
     for m in plan.micro_batches:
-        if m < 1 or job.batch_size % m:
-            raise ConfigError("plan.micro_batches", f"{m} does not divide batch_size={job.batch_size}")
+        if m < 1 or per_rank(job) % m:
+            raise ConfigError("plan.micro_batches", f"{m} does not divide each process's batch, batch_size / "
+                                                    f"processes = {per_rank(job)}")
     if plan.workers < 0:
         raise ConfigError("plan.workers", f"{plan.workers}: a number of processes >= 1, or 0 for one per CPU")
     if plan.top < 1 or (plan.depths and (len(plan.depths) != 2 or min(plan.depths) < 1)):
         raise ConfigError("plan.top / plan.depths", "top must be >= 1 and depths two depths >= 1 (or [] for full traces)")
 
 
+def per_rank(job: Config) -> int:
+    """The sequences each process takes a step: the effective batch over the job's processes."""
+    return job.batch_size // job.distributed.world_size
+
+
 def micro_batches(job: Config) -> list[int]:
     """Ascending: the search stops at the first one that fits no GPU (memory grows with it)."""
-    return sorted(job.plan.micro_batches) or [m for m in range(1, job.batch_size + 1) if job.batch_size % m == 0]
+    return sorted(job.plan.micro_batches) or [m for m in range(1, per_rank(job) + 1) if per_rank(job) % m == 0]
 
 
 def combinations(job: Config) -> Iterator[dict[str, str]]:
@@ -69,10 +79,11 @@ def section(group: str, option: str, kind):
 
 
 def variant(job: Config, combo: dict[str, str], micro_batch: int) -> Config:
-    """The job with the combination's group options and micro-batch (accumulation keeps batch_size)."""
+    """The job with the combination's group options and micro-batch (accumulation keeps batch_size, over the
+    job's processes)."""
     changes = {g: section(g, o, type(getattr(job, g))) for g, o in combo.items()}
-    changes["accumulation"] = dataclasses.replace(job.accumulation, name=f"x{job.batch_size // micro_batch}",
-                                                  steps=job.batch_size // micro_batch)
+    steps = per_rank(job) // micro_batch
+    changes["accumulation"] = dataclasses.replace(job.accumulation, name=f"x{steps}", steps=steps)
     return dataclasses.replace(job, **changes)
 
 
