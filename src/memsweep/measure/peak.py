@@ -259,31 +259,22 @@ def measured_at(threads: int) -> dict:
 def fresh_page_s() -> float:
     """seconds_per_page_fault at the thread count torch runs with, measured once per count, and only when a job
     needs it (one that hands freed host memory back: run/host_memory.py keeps it by default)."""
-    return _fresh_page_at(torch.get_num_threads())
-
-
-@functools.lru_cache(maxsize=4)
-def _fresh_page_at(threads: int) -> float:
-    return seconds_per_page_fault()
+    return _once_per_threads(seconds_per_page_fault, torch.get_num_threads())
 
 
 def module_walk_s() -> float:
     """seconds_per_module_walk at the thread count torch runs with, measured once per count, and only when a
     job's step is timed on this CPU."""
-    return _module_walk_at(torch.get_num_threads())
-
-
-@functools.lru_cache(maxsize=4)
-def _module_walk_at(threads: int) -> float:
-    return seconds_per_module_walk()
+    return _once_per_threads(seconds_per_module_walk, torch.get_num_threads())
 
 
 def recomputed_op_s() -> float:
     """seconds_per_recomputed_op at the thread count torch runs with, measured once per count, and only when a
     job's step recomputes (activation checkpointing)."""
-    return _recomputed_op_at(torch.get_num_threads())
+    return _once_per_threads(seconds_per_recomputed_op, torch.get_num_threads())
 
 
-@functools.lru_cache(maxsize=4)
-def _recomputed_op_at(threads: int) -> float:
-    return seconds_per_recomputed_op()
+@functools.lru_cache(maxsize=16)
+def _once_per_threads(measure, threads: int) -> float:
+    """`measure()`, once per measurement and thread count (the cache's key: torch runs at that count meanwhile)."""
+    return measure()
