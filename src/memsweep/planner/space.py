@@ -28,10 +28,6 @@ def check(job: Config) -> None:
                 raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
     if not plan.hardware:
         raise ConfigError("plan.hardware", "name at least one GPU profile, e.g. plan.hardware=[t4,a100_40gb]")
-    ranks = job.distributed.world_size
-    if job.batch_size % ranks:
-        raise ConfigError("batch_size", f"{job.batch_size} is not allowed: a multiple of the {ranks} processes "
-                                        "(distributed.nodes x distributed.nproc)")
     for m in plan.micro_batches:
         if m < 1 or per_rank(job) % m:
             raise ConfigError("plan.micro_batches", f"{m} does not divide each process's batch, batch_size / "
