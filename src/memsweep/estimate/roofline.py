@@ -40,8 +40,9 @@ are (measure/peak.product_s). MiniLM at 1 x 32 tokens in a plain loop: its produ
 67 ms, where the square rate said 23; timed so (benchmarks/cpu_ops_in_model.py, 1 x 30 tokens), each shape came
 within 0.9-1.1 of its in-model time. So are the ops that evaluate an exponential, erf or tanh per element
 (softmax, GELU, SiLU: products.MATH), whose math the roofline has no FLOPs for: at 32 x 64 tokens MiniLM's
-softmax took 23.7 ms a micro-batch in the model, 1.8 at its bytes, 22.3 timed so. An op's call costs what this CPU measured (measure/peak.py): a model's op the time of a tiny BERT's forward and
-backward (1 x 8 tokens, next to no work) over its ops, an optimizer's op a bare call from a Python loop.
+softmax took 23.7 ms a micro-batch in the model, 1.8 at its bytes, 22.3 timed so. An op's call costs what
+this CPU measured (measure/peak.py): a model's op the time of a tiny BERT's forward and backward (1 x 8 tokens,
+next to no work) over its ops, an optimizer's op a bare call from a Python loop.
 And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
 bytes: those ops take their draws at the rate this CPU draws them (measured); a GPU's dropout kernel draws
 in registers (Philox) and stays bound by its bytes. And where a job hands freed host memory back to the OS
