@@ -69,6 +69,25 @@ def test_the_handler_raises_where_interruptible_and_only_records_where_deferred(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's own handler is back
 
 
+class _SignalsWhenCollected:
+    def __del__(self):  # where Python cannot raise: an exception here is only printed, "ignored"
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_stop_landing_where_python_cannot_raise_still_stops_the_block_with_no_traceback(monkeypatch):
+    printed = []
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)  # what Python would print, "ignored"
+    started = time.monotonic()
+    with stopping.handling():
+        with pytest.raises(Interrupted, match="^SIGTERM while loading$"):
+            with stopping.interruptible("while loading"):
+                _SignalsWhenCollected()  # collected at once: the handler runs inside __del__
+                while time.monotonic() - started < 5:  # the block goes on only until the stop comes again
+                    pass
+        assert stopping.requested() == signal.SIGTERM
+    assert time.monotonic() - started < 1 and printed == [] and sys.unraisablehook == printed.append
+
+
 def test_an_ignored_sigint_stays_ignored():
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a shell's background job
     try:

@@ -8,7 +8,9 @@ What the handler does depends on where the signal finds the process:
   job with what it measured so far;
 - elsewhere in a job (`interruptible`: set-up, loading, evaluation, an estimate): it raises `Interrupted`
   at once. Python runs handlers between bytecodes of the main thread, so it never lands inside a kernel;
-  a library that swallows it is caught by the check each of these blocks makes on entry (`check`);
+  where Python cannot raise (a `__del__`, a weakref callback: the exception would only be printed,
+  "ignored") the signal is delivered again and raised at the next bytecode that can (`_redeliver`); a
+  library that swallows it is caught by the check each of these blocks makes on entry (`check`);
 - anywhere else (between a sweep's jobs, while a job writes its ending): it records the stop, and the
   sweep starts no further job (sweep/callbacks.py).
 
@@ -26,6 +28,8 @@ import signal
 import sys
 import threading
 import time
+import weakref
+import _thread
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
@@ -34,6 +38,8 @@ from ..errors import Interrupted
 
 # A second SIGINT sooner than this after the first is the same Ctrl-C, forwarded by a launcher.
 SAME_CTRL_C_S = 1.0
+# A stop swallowed where Python cannot raise is delivered again this much later (`_redeliver`).
+REDELIVER_AFTER_S = 0.001
 
 
 @dataclass
@@ -42,6 +48,11 @@ class _State:
     at: float = 0.0  # when (monotonic)
     where: Optional[str] = None  # inside an `interruptible` block: raise, saying this
     previous: dict[int, Any] = field(default_factory=dict)  # the handlers ours replaced
+    raised: Optional[Callable[[], Optional[Interrupted]]] = None  # what the handler raised last, and where
+    raised_where: Optional[str] = None
+    redelivered: bool = False  # the next call of the handler is `_redeliver`'s, not a new signal
+    in_hook: bool = False  # inside `_redeliver`
+    unraisable_hook: Any = None  # sys.unraisablehook as it was before `install`
 
 
 _state = _State()
@@ -71,17 +82,56 @@ def cluster_signal() -> Optional[int]:
 
 def _handle(signum: int, frame) -> None:
     now = time.monotonic()
+    if _state.redelivered:
+        _state.redelivered = False
+        if _state.in_hook:  # the hook has not ended yet: once more, later
+            _deliver_later(signum)
+        else:
+            _raise_if_interruptible(signum)  # the block may have ended since: then nothing to do
+        return
     if _state.signum is not None:
         if signum == signal.SIGINT and now - _state.at > SAME_CTRL_C_S:
             print("[memsweep] Ctrl-C again: ending at once", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         return
     _state.signum, _state.at = signum, now
-    if _state.where is not None:
-        where, _state.where = _state.where, None  # raised once; the job's ending is not interrupted
-        raise Interrupted(signum, where)
+    _raise_if_interruptible(signum)
     print(f"[memsweep] {name(signum)}: stopping at the next safe point (the end of the optimizer step in "
           "progress); no further job starts. Ctrl-C again ends at once", file=sys.stderr, flush=True)
+
+
+def _raise_if_interruptible(signum: int) -> None:
+    if _state.where is not None:
+        where, _state.where = _state.where, None  # raised once; the job's ending is not interrupted
+        raised = Interrupted(signum, where)
+        _state.raised, _state.raised_where = weakref.ref(raised), where  # not kept alive: its frames hold the job's
+        raise raised
+
+
+def _redeliver(unraisable: Any) -> None:
+    """sys.unraisablehook while installed: the handler's Interrupted, raised where Python could only
+    print it (a `__del__`, a weakref callback, the garbage collector), is not lost: the block gets it
+    again a moment later, at a bytecode of the main thread where it propagates. Anything else goes to
+    the hook that was there before."""
+    if _state.raised is None or unraisable.exc_value is not _state.raised():
+        _state.unraisable_hook(unraisable)
+        return
+    _state.where, _state.raised = _state.raised_where, None
+    _state.in_hook = True
+    _deliver_later(unraisable.exc_value.signum)
+    _state.in_hook = False  # no bytecode after this one runs a handler: the hook has ended
+
+
+def _deliver_later(signum: int) -> None:
+    _state.redelivered = True
+    threading.Thread(target=_interrupt_main, args=(signum,), daemon=True).start()
+
+
+def _interrupt_main(signum: int) -> None:
+    # from this thread, after a pause: in the hook's own thread the handler would run inside the hook
+    time.sleep(REDELIVER_AFTER_S)
+    if _state.redelivered and signal.getsignal(signum) is _handle:  # not once the handlers are gone
+        _thread.interrupt_main(signum)
 
 
 def install() -> bool:
@@ -96,6 +146,7 @@ def install() -> bool:
         wanted.append(signal.SIGINT)
     for signum in filter(None, wanted):
         _state.previous[signum] = signal.signal(signum, _handle)
+    _state.unraisable_hook, sys.unraisablehook = sys.unraisablehook, _redeliver
     return True
 
 
@@ -104,7 +155,9 @@ def uninstall() -> None:
     for signum, handler in _state.previous.items():
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     _state.previous.clear()
-    _state.signum, _state.where = None, None
+    if sys.unraisablehook is _redeliver:
+        sys.unraisablehook = _state.unraisable_hook
+    _state.signum, _state.where, _state.raised, _state.redelivered = None, None, None, False
 
 
 @contextmanager
