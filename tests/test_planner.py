@@ -71,7 +71,8 @@ def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
 def test_two_worker_processes_find_the_rows_one_finds():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4",
                      "plan.hardware=[t4,a100_40gb]", "plan.precision=[fp16,bf16_true,bf16]", "plan.lora=[none,r8]",
-                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]", "plan.workers=2"])
+                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]", "plan.workers=2",
+                     "plan.offload=[none]"])
     units = space.units(job)
     # a combination and its precision twin in one unit (the one's trace serves the other); LoRA's first
     assert [[c["precision"] for _, c in u] for u in units] == [["fp16", "bf16"], ["bf16_true"]] * 2
@@ -97,7 +98,8 @@ def test_worker_count_is_asked_for_or_one_per_cpu_never_more_than_units():
 def plan_rows():
     # bf16 is refused on a T4 by a rule, before any trace
     job, _ = job_of(WIDE + ["plan.hardware=[t4]", "plan.precision=[bf16_true,fp16]", "plan.lora=[none,r8]",
-                            "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[1,8]"])
+                            "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[1,8]",
+                            "plan.offload=[none]"])
     space.check(job)
     memo = {}
     return job, table.ranked(search.search(job, memo=memo)), memo
@@ -140,6 +142,8 @@ def test_plan_writes_its_tables(plan_rows, tmp_path):
 @pytest.mark.parametrize("override, key", [("plan.hardware=[nosuch]", "plan.hardware"),
                                            ("plan.lora=[r9]", "plan.lora"),
                                            ("plan.micro_batches=[3]", "plan.micro_batches"),
+                                           ("plan.deepspeed=[zero4]", "plan.deepspeed"),
+                                           ("plan.offload=[gpu]", "plan.offload"),
                                            ("plan.workers=-1", "plan.workers")])
 def test_bad_plan_input_is_refused_naming_the_key(override, key):
     job, _ = job_of(WIDE + [override])
@@ -151,7 +155,8 @@ def test_bad_plan_input_is_refused_naming_the_key(override, key):
 def test_a_row_whose_time_leaves_out_collectives_across_nodes_says_so(network):
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "max_seq_len=64", "batch_size=8", "distributed.nproc=2",
                      "distributed.nodes=2", "plan.hardware=[a100_40gb]", "plan.precision=[bf16]", "plan.lora=[none]",
-                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]"]
+                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]", "plan.deepspeed=[none]",
+                     "plan.fsdp=[none,full_shard]"]
                     + ([f"distributed.network_gbs={network}"] if network else []))
     rows = [r for r in search.search(job, memo={}) if r["status"] in ("fits", "does not fit")]
     assert rows and all(r["step_s"] for r in rows)
@@ -173,3 +178,70 @@ def test_a_combination_is_the_job_it_would_be():
     assert space.micro_batches(ranks) == [1, 2]
     assert space.variant(ranks, {"precision": "fp16", "optim": "adamw", "checkpointing": "none", "lora": "r8"},
                          1).accumulation.steps * 1 * 4 == ranks.batch_size
+
+
+def test_where_the_state_lives_is_searched_as_the_process_count_allows():
+    one, _ = job_of(WIDE)
+    assert [p["offload"] for p in space.placements(one, "none")] == ["none", "optimizer"]
+    assert [p["offload"] for p in space.placements(one, "r8")] == ["none"]  # LoRA: plan.lora_offload
+    ranks, _ = job_of(WIDE + ["distributed.nproc=4"])  # DDP, then each deepspeed and fsdp option that is on
+    assert [table.placement(p) for p in space.placements(ranks, "none")] == [
+        "none", "deepspeed=zero2", "deepspeed=zero3", "deepspeed=zero3_offload", "fsdp=full_shard",
+        "fsdp=full_shard_offload"]
+    combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "none", "offload": "none",
+             "deepspeed": "zero3_offload", "fsdp": "none"}
+    variant = space.variant(ranks, combo, 1)
+    assert (variant.deepspeed.stage, variant.deepspeed.offload_param, variant.fsdp.name) == (3, True, "none")
+    assert "DeepSpeed zero3_offload" in space.changes_to_training(combo)
+    assert len(list(space.combinations(ranks))) == 3 * 3 * 2 * 6 + 3 * 2 * 3 * 6  # full x optim + LoRA-family
+
+
+def test_optimizer_offload_lowers_the_floor_to_what_stays_on_the_gpu():
+    """fp32 full fine-tuning of WIDE: weights, gradients and AdamW's state do not fit a T4, so the row is
+    refused by the floor without a trace; with the state on the host what is left is traced, and fits."""
+    job, _ = job_of(WIDE + ["plan.hardware=[t4]", "plan.precision=[fp32]", "plan.lora=[none]", "plan.optim=[adamw]",
+                            "plan.checkpointing=[none]", "plan.micro_batches=[1]", "plan.offload=[none,optimizer]"])
+    rows = {r["offload"]: r for r in search.search(job, memo={}) if r["micro_batch"] == 1}
+    assert rows["none"]["method"] == "floor (no trace)" and rows["none"]["status"] == "does not fit"
+    assert "optimizer" in rows["none"]["reason"]
+    assert rows["optimizer"]["method"] == "trace" and rows["optimizer"]["status"] == "fits"
+    held = floor.held_bytes(space.variant(job, {g: rows["none"][g] for g in space.GROUPS}, 1), load_profile("t4"))
+    kept = floor.on_device(held, {"offload": "optimizer"})
+    assert set(kept) == {"weights", "grads"} and sum(kept.values()) <= rows["optimizer"]["allocated_bytes"]
+    assert floor.on_device(held, {"offload": "optimizer_and_grads"}) == {"weights": held["weights"]}
+
+
+@pytest.fixture(scope="module")
+def sharded_rows():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "model.hidden_size=512",
+                     "model.intermediate_size=1408", "max_seq_len=64", "batch_size=8", "distributed.nproc=4",
+                     "plan.hardware=[a100_40gb]", "plan.precision=[bf16,bf16_true]", "plan.lora=[none]",
+                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]"])
+    space.check(job)
+    return job, table.ranked(search.search(job, memo={}))
+
+
+def test_several_processes_search_ddp_zero_and_fsdp_each_row_its_job(sharded_rows):
+    job, rows = sharded_rows
+    assert {table.placement(r) for r in rows} == {p for p in map(table.placement, space.placements(job, "none"))}
+    for row in rows:
+        variant, gpu = space.variant(job, {g: row[g] for g in space.GROUPS}, row["micro_batch"]), load_profile(row["gpu"])
+        if row["status"] == "refused":  # DeepSpeed keeps its own fp32 master: no bf16_true
+            assert search.refusals(variant, [gpu]) == {gpu.name: row["reason"]}
+            continue
+        est = estimate_job(variant, gpu, {})
+        assert row["accumulation"] == 1 and row["tokens"] == 8 * 64  # the batch over 4 processes
+        assert (row["allocated_bytes"], row["fits"]) == (est.peak_allocated_bytes, est.fits)
+    ddp, sharded = (next(r for r in rows if r["precision"] == "bf16" and table.placement(r) == p)
+                    for p in ("none", "fsdp=full_shard"))
+    assert sharded["allocated_bytes"] < ddp["allocated_bytes"]  # each rank holds a quarter of the state
+
+
+def test_a_time_that_is_a_lower_bound_ranks_after_those_timed_whole(sharded_rows):
+    _, rows = sharded_rows
+    fitting = [r for r in rows if r["status"] == "fits"]
+    whole, bound = ([r for r in fitting if bool(r.get("time_note")) is b] for b in (False, True))
+    assert whole and bound and fitting == whole + bound  # every lower bound after every whole time
+    assert [r["step_s"] for r in whole] == sorted(r["step_s"] for r in whole)
+    shown = table.markdown(rows)
+    assert f">= {round(bound[0]['step_s'], 4)}" in shown and f"| {round(whole[0]['step_s'], 4)} |" in shown

@@ -228,6 +228,13 @@ class PlanConf:
     lora_optim: list[str] = field(default_factory=lambda: ["adamw"])
     checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
     lora: list[str] = field(default_factory=lambda: ["none", "r8", "qlora", "int8"])
+    # Where the state lives (planner/space.py placements): with one process these offload options (LoRA-family
+    # rows only lora_offload: their trained state is a fraction of a percent); with several, DDP and these
+    # deepspeed and fsdp options
+    offload: list[str] = field(default_factory=lambda: ["none", "optimizer"])
+    lora_offload: list[str] = field(default_factory=lambda: ["none"])
+    deepspeed: list[str] = field(default_factory=lambda: ["none", "zero2", "zero3", "zero3_offload"])
+    fsdp: list[str] = field(default_factory=lambda: ["none", "full_shard", "full_shard_offload"])
     micro_batches: list[int] = field(default_factory=list)  # empty: every divisor of batch_size
     # Identical blocks traced at these two depths and extrapolated to the model's (planner/depth.py);
     # empty: every row traced at full depth

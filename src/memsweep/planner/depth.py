@@ -24,15 +24,16 @@ def layers_of(job: Config) -> int:
     return int(config.num_hidden_layers)
 
 
-def figures(est) -> dict:
-    """What a plan row reads from an estimate. Reserved on its safe side of packing, as the estimate's own
-    fits and margin take it: a row that fits here fits in `mode=estimate` too."""
+def figures(est, processes: int = 1) -> dict:
+    """What a plan row reads from an estimate of one of the job's `processes` (each steps its share of the
+    batch at once). Reserved on its safe side of packing, as the estimate's own fits and margin take it: a
+    row that fits here fits in `mode=estimate` too."""
     allocated = (est.peak_allocated_bytes or est.peak_bytes) if est.device == "cuda" else est.peak_bytes
     reserved = (est.reserved_upper_bytes or est.peak_reserved_bytes) if est.device == "cuda" else est.peak_bytes
     return {"peak_bytes": est.peak_bytes, "allocated_bytes": allocated, "reserved_bytes": reserved,
             "overhead_bytes": est.overhead_bytes, "step_s": est.predicted_step_s,
             "why_not": est.step_time.get("why_not"), "time_note": est.step_time.get("note"),
-            "tokens": est.micro_batch_size * est.accumulation_steps * est.seq_len}
+            "tokens": est.micro_batch_size * est.accumulation_steps * est.seq_len * processes}
 
 
 def with_fit(row: dict, profile: HardwareConf) -> dict:
@@ -63,13 +64,13 @@ def row_figures(job: Config, profiles: list[HardwareConf], memo: dict, depths: O
     """{profile name: figures with the fit}, and how they were made ("trace" or "trace at depths a, b, scaled")."""
     layers = layers_of(job)
     if not depths or layers <= max(depths):
-        out = {p.name: with_fit(figures(estimate(job, p, memo)), p) for p in profiles}
+        out = {p.name: with_fit(figures(estimate(job, p, memo), job.distributed.world_size), p) for p in profiles}
         return {"per_gpu": out, "method": "trace" + derived_note(job, profiles[0], memo)}
     d = tuple(sorted(depths))
     at = {k: dataclasses.replace(job, model=dataclasses.replace(job.model, num_layers=k)) for k in d}
     out = {}
     for p in profiles:
-        low, high = (figures(estimate(at[k], p, memo)) for k in d)
+        low, high = (figures(estimate(at[k], p, memo), job.distributed.world_size) for k in d)
         out[p.name] = with_fit(extrapolated(low, high, d, layers), p)
     method = f"trace at {d[0]} and {d[1]} of {layers} blocks, scaled" + derived_note(at[d[0]], profiles[0], memo)
     return {"per_gpu": out, "method": method}

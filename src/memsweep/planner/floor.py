@@ -44,6 +44,19 @@ def key(combo: dict) -> tuple:
     return ("floor", combo["precision"], combo["optim"], combo["lora"])
 
 
+def sharded(combo: dict) -> bool:
+    """No floor where the state is sharded: DeepSpeed and FSDP2 keep their own dtypes and partitions, which
+    the unsharded model does not show."""
+    return combo.get("deepspeed", "none") != "none" or combo.get("fsdp", "none") != "none"
+
+
+def on_device(held: dict[str, int], combo: dict) -> dict[str, int]:
+    """The part of the floor the GPU holds: offload=optimizer keeps the state on the host, optimizer_and_grads
+    the gradients too (techniques/offload.py)."""
+    gone = {"optimizer": ("optimizer",), "optimizer_and_grads": ("optimizer", "grads")}.get(combo.get("offload"), ())
+    return {name: size for name, size in held.items() if name not in gone}
+
+
 def too_large(held: dict[str, int], profile: HardwareConf) -> str:
     """The reason a GPU cannot hold the floor, or "" where it can (or has no stated capacity)."""
     capacity = capacity_bytes(profile)
@@ -51,6 +64,6 @@ def too_large(held: dict[str, int], profile: HardwareConf) -> str:
     total = sum(held.values()) + context
     if capacity is None or total <= capacity:
         return ""
-    parts = " + ".join(f"{name} {held[name] / GIB:.2f}" for name in ("weights", "grads", "optimizer"))
+    parts = " + ".join(f"{name} {size / GIB:.2f}" for name, size in held.items())
     return (f"not traced: {parts} + CUDA context {context / GIB:.2f} = {total / GIB:.2f} GiB, held at the optimizer "
             f"step whatever the micro-batch, exceed the {capacity / GIB:.2f} GiB")

@@ -18,5 +18,5 @@ def run_plan(job: Config, job_dir: Path) -> dict:
     print(f"[memsweep] plan: {len(rows)} rows in {seconds} s; {Path(job_dir) / 'plan.md'}", flush=True)
     best = {gpu: next((r for r in rows if r["gpu"] == gpu and r["rank"] == 1), None) for gpu in job.plan.hardware}
     return {"seconds": seconds, "rows": len(rows),
-            "fastest": {g: None if r is None else {k: r[k] for k in ("precision", "optim", "checkpointing", "lora",
-                                                                   "micro_batch", "step_s")} for g, r in best.items()}}
+            "fastest": {g: None if r is None else {k: r[k] for k in (*space.GROUPS, "micro_batch", "step_s")}
+                        for g, r in best.items()}}

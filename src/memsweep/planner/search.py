@@ -5,12 +5,13 @@ their rows say so. One trace serves every GPU (estimate.core's memo: the trace r
 any trace, a combination whose weights, gradients and optimizer state (floor.py, the same at every micro-batch)
 no GPU can hold is listed as not fitting on each, with the figures, and not traced. The combinations are
 searched in units (space.units), in worker processes where there are several CPUs (parallel.py)."""
+import dataclasses
 import time
 from typing import Callable, Optional
 
 from ..config import rules
 from ..config.hardware import load_profile
-from ..config.schema import Config, HardwareConf
+from ..config.schema import Config, HardwareConf, OffloadConf
 from ..errors import Unsupported
 from . import depth, floor, parallel, space
 
@@ -30,7 +31,8 @@ def refusals(job: Config, profiles: list[HardwareConf]) -> dict[str, str]:
 def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> tuple[list[dict], bool]:
     """The rows of one combination at micro-batch m on every GPU, and whether it fits any."""
     variant = space.variant(job, combo, m)
-    base = {**combo, "micro_batch": m, "accumulation": job.batch_size // m, "changes": space.changes_to_training(combo)}
+    base = {**combo, "micro_batch": m, "accumulation": variant.accumulation.steps,
+            "changes": space.changes_to_training(combo)}
     refused = refusals(variant, profiles)
     allowed = [p for p in profiles if p.name not in refused]
     rows = [{**base, "gpu": g, "status": "refused", "reason": r} for g, r in refused.items()]
@@ -57,15 +59,17 @@ def rows_of(combo: dict, m: int, job: Config, profiles, memo: dict, depths) -> t
 
 
 def floor_of(combo: dict, variant: Config, profile: HardwareConf, memo: dict) -> dict:
-    """The combination's floor (floor.py), once per what it depends on; {} where it cannot be made (the trace
-    then reports why)."""
+    """The combination's floor on the GPU (floor.py), made once per what it depends on; {} where it has none or
+    it cannot be made (the trace then reports why)."""
+    if floor.sharded(combo):
+        return {}
     key = (*floor.key(combo), repr((variant.model, variant.task)), profile.device)
     if key not in memo:
         try:
-            memo[key] = floor.held_bytes(variant, profile)
+            memo[key] = floor.held_bytes(dataclasses.replace(variant, offload=OffloadConf()), profile)  # all on it
         except Exception:  # noqa: BLE001 - no floor is no shortcut: the combination is traced as it is
             memo[key] = {}
-    return memo[key]
+    return floor.on_device(memo[key], combo) if memo[key] else {}
 
 
 def search(job: Config, progress: Optional[Callable[[str], None]] = None, memo: Optional[dict] = None) -> list[dict]:
@@ -106,7 +110,7 @@ def untraced(combo: dict, larger: list[int], m: int, job: Config, found: list[di
                 "does not fit", f"not traced: micro-batch {m} already did not fit, and memory grows with it")
             if row.get("method") == "floor (no trace)":
                 reason = row["reason"]
-            out.append({**{x: row[x] for x in ("precision", "optim", "checkpointing", "lora", "changes", "gpu")},
-                        "micro_batch": k, "accumulation": job.batch_size // k, "status": status, "reason": reason,
+            out.append({**{x: row[x] for x in (*space.GROUPS, "changes", "gpu")},
+                        "micro_batch": k, "accumulation": space.per_rank(job) // k, "status": status, "reason": reason,
                         "method": row["method"] if row.get("method") == "floor (no trace)" else ""})
     return out

@@ -1,6 +1,11 @@
-"""The technique space of a plan: precision x optimizer x checkpointing x LoRA / QLoRA / int8 x micro-batch,
-accumulation keeping the effective batch, each combination as the job it would be; and what each
-combination changes about the training, so a row shows its quality risk beside its speed."""
+"""The technique space of a plan: precision x optimizer x checkpointing x LoRA / QLoRA / int8 x where the
+state lives x micro-batch, accumulation keeping the effective batch, each combination as the job it would be;
+and what each combination changes about the training, so a row shows its quality risk beside its speed.
+
+Where the state lives (`placements`): on one process, the `offload` options (torchao's optimizer offload,
+activations in host memory); over several, DDP (each process holds everything) and the `deepspeed` and `fsdp`
+options that shard it (config/rules.py refuses offload=optimizer with several processes: DeepSpeed's and
+FSDP2's own offload options take its place there)."""
 import dataclasses
 import functools
 import itertools
@@ -11,7 +16,8 @@ from ..errors import ConfigError
 from ..techniques import optim
 from .twin import family
 
-GROUPS = ("precision", "optim", "checkpointing", "lora")
+GROUPS = ("precision", "optim", "checkpointing", "lora", "offload", "deepspeed", "fsdp")
+PLACEMENT = GROUPS[4:]
 
 
 def options(group: str) -> list[str]:
@@ -21,7 +27,8 @@ def options(group: str) -> list[str]:
 def check(job: Config) -> None:
     """Bad input refused in one line naming the key and its allowed values (exit 2, as validate.py)."""
     plan = job.plan
-    for key, group in (("hardware", "hardware"), *((g, g) for g in GROUPS), ("lora_optim", "optim")):
+    for key, group in (("hardware", "hardware"), *((g, g) for g in GROUPS), ("lora_optim", "optim"),
+                       ("lora_offload", "offload")):
         allowed = [o for o in options(group) if o != "auto"]
         for value in getattr(plan, key):
             if value not in allowed:
@@ -52,7 +59,21 @@ def combinations(job: Config) -> Iterator[dict[str, str]]:
     plan = job.plan
     for precision, checkpointing, lora in itertools.product(plan.precision, plan.checkpointing, plan.lora):
         for optim in plan.optim if lora == "none" else plan.lora_optim:
-            yield {"precision": precision, "optim": optim, "checkpointing": checkpointing, "lora": lora}
+            for placed in placements(job, lora):
+                yield {"precision": precision, "optim": optim, "checkpointing": checkpointing, "lora": lora, **placed}
+
+
+def placements(job: Config, lora: str) -> list[dict[str, str]]:
+    """Where weights, gradients, optimizer state and activations live: with one process the plan's `offload`
+    options (the job's own deepspeed / fsdp kept); with several, DDP and each `deepspeed` and `fsdp` option
+    that is on (the job's own offload kept)."""
+    plan, own = job.plan, {g: getattr(job, g).name for g in PLACEMENT}
+    if job.distributed.world_size == 1:
+        return [{**own, "offload": o} for o in dict.fromkeys(plan.offload if lora == "none" else plan.lora_offload)]
+    ddp = {**own, "deepspeed": "none", "fsdp": "none"}
+    sharded = [{**ddp, "deepspeed": o} for o in plan.deepspeed if o != "none"]
+    return [ddp] * ("none" in plan.deepspeed or "none" in plan.fsdp) + sharded + [
+        {**ddp, "fsdp": o} for o in plan.fsdp if o != "none"]
 
 
 def units(job: Config) -> list[list[tuple[int, dict[str, str]]]]:
@@ -105,4 +126,18 @@ def changes_to_training(combo: dict[str, str]) -> str:
         parts.append("Adafactor (factored second moment)")
     if combo["checkpointing"] != "none":
         parts.append("recomputes the forward (same result)")
-    return "; ".join(parts)
+    return "; ".join(parts + placed(combo))
+
+
+def placed(combo: dict[str, str]) -> list[str]:
+    """What a combination's placement changes: where things live, not what is computed, except DeepSpeed's
+    own mixed precision (its fp32 master copy and loss scaler in place of Trainer's)."""
+    said = {"optimizer": "optimizer state and step on the host (same result)",
+            "optimizer_and_grads": "gradients, optimizer state and step on the host (same result)",
+            "activations": "saved activations in host memory (same result)"}
+    parts = [said[combo["offload"]]] if combo.get("offload", "none") in said else []
+    if combo.get("deepspeed", "none") != "none":
+        parts.append(f"DeepSpeed {combo['deepspeed']} (its own fp32 master and loss scaling)")
+    if combo.get("fsdp", "none") != "none":
+        parts.append(f"FSDP2 {combo['fsdp']} (same result)")
+    return parts
