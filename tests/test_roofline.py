@@ -241,6 +241,25 @@ def test_step_time_adds_accumulation_the_optimizer_and_offload_copies():
     assert offload["ops_per_micro_batch"] > plain["ops_per_micro_batch"] and offload["device_s"] > plain["device_s"]
 
 
+def test_zeros_optimizer_step_is_timed_on_each_process_partition():
+    """DeepSpeed's engine cannot run on fake tensors (the trace runs the job without it): its step over the
+    process's flat fp32 partition is recorded on its own (step.flat_partition_ops) and timed with the other ops."""
+    gpu = load_profile("a100_40gb")
+    spec = (torch.optim.AdamW, {"lr": 1e-3}, None)
+    ops = {n: step.flat_partition_ops(spec, n, gpu, torch.bfloat16)[0] for n in (1 << 20, 1 << 22)}
+    moved = {n: sum(nbytes * count for phase, _, _, nbytes, count in record) for n, record in ops.items()}
+    assert all(op[0] == "step" for record in ops.values() for op in record)
+    # every op is elementwise over the partition: the norm reads the 2-byte gradients, the cast writes them in
+    # fp32, the clip scales them in place, AdamW reads and writes weights and moments, the copy writes 2 bytes
+    assert moved[1 << 22] == pytest.approx(4 * moved[1 << 20], rel=1e-4) and moved[1 << 20] > 40 * (1 << 20)
+    one, four = (estimate_job(*job_of(LLAMA + ["precision=bf16", "deepspeed=zero2", f"distributed.nproc={n}"]))
+                 for n in (1, 4))
+    assert one.step_time["optimizer_s"] > four.step_time["optimizer_s"] > 0  # a quarter of the values each
+    assert "note" not in one.step_time and "note" not in four.step_time
+    offloaded = estimate_job(*job_of(LLAMA + ["precision=bf16", "deepspeed=zero2_offload"])).step_time
+    assert offloaded["optimizer_s"] == 0 and "not timed (a lower bound)" in offloaded["note"]  # CPUAdam on the host
+
+
 def test_a_gpu_step_takes_the_longer_of_the_device_and_the_hosts_dispatch_of_its_ops():
     # 4 layers 256 wide at 4 x 128 tokens: each op a few microseconds on an A100, so the host's dispatch paces it;
     # 16 layers 2,048 wide at 16 x 512: the A100's matmuls do

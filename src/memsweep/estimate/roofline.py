@@ -55,7 +55,8 @@ caching allocator keeps its blocks.
 What the sum holds, because it is the step the memory trace runs: forward, backward with checkpointing's recomputed
 forward, each later micro-batch's gradients added into the first's (accumulation: one add per parameter; MiniLM at
 1 x 30 tokens, fp32, one thread here: 105 adds took 8.3 ms of a 67 ms micro-batch), gradient clipping, the
-optimizer step (memory-bound: it reads and writes every state tensor) and bitsandbytes' quantize / dequantize ops
+optimizer step (memory-bound: it reads and writes every state tensor; under DeepSpeed ZeRO the engine's step over
+the process's flat partition, recorded on its own: step.flat_partition_ops) and bitsandbytes' quantize / dequantize ops
 (each dispatched as an op with its bytes). What it adds outside the ops: activation offload's host copies over the
 profile's host link, and on a CPU activation checkpointing's saved-tensor hooks (recompute_hooks_s) and Trainer's
 walks over the model's modules each micro-batch (trainer_walks_s). What it leaves out: data loading, the rest of a
@@ -328,6 +329,4 @@ def untimed(parts: dict, traced: dict, plan, profile, on_device: bool) -> dict:
         # the step on the host depends on the host's CPU and memory, which no profile describes; the GPU runs none
         return {"note": "the optimizer steps on the host: its step and the copies of gradients and weights to and from "
                         "it are not timed (a lower bound)"}
-    if traced.get("optimizer") and traced.get("adjustment") and plan.techniques.deepspeed.on:
-        return {"note": "DeepSpeed's flat-partition optimizer step is not timed"}
     return {}

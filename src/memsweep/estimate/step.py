@@ -76,13 +76,8 @@ def flat_partition_step(spec, numel: int, profile: HardwareConf):
 
     from .capture import Recorder
 
-    cls, kwargs, _ = spec
-    torchao_maps(cls)
     with FakeTensorMode(), eager():
-        flat = torch.nn.Parameter(torch.empty(numel, dtype=torch.float32))
-        flat.grad = torch.empty_like(flat)
-        optimizer = cls([flat], **on_device(cls, kwargs, profile))
-        optimizer.step()
+        flat, optimizer = flat_optimizer(spec, numel, profile)
         state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
         with Recorder([("optimizer", flat), ("grads", flat.grad), *(("optimizer", v) for v in state)]) as recorder:
             recorder.mark("step")
@@ -90,6 +85,42 @@ def flat_partition_step(spec, numel: int, profile: HardwareConf):
             recorder.mark("end")
     return sum(v.untyped_storage().nbytes() for v in state), recorder
 
+
+def flat_optimizer(spec, numel: int, profile: HardwareConf):
+    """(one flat fp32 partition of `numel` values with a gradient, the client optimizer over it, its state made
+    by a first step); inside the caller's fake mode."""
+    cls, kwargs, _ = spec
+    torchao_maps(cls)
+    flat = torch.nn.Parameter(torch.empty(numel, dtype=torch.float32))
+    flat.grad = torch.empty_like(flat)
+    optimizer = cls([flat], **on_device(cls, kwargs, profile))
+    optimizer.step()
+    return flat, optimizer
+
+
+def flat_partition_ops(spec, numel: int, profile: HardwareConf, dtype: torch.dtype) -> tuple[list, list]:
+    """The ops of ZeRO's optimizer step on one process's partition of `numel` values whose gradients and model
+    weights are `dtype`, as stage_1_and_2.py's step runs them (stage3.py's likewise): the gradients' norm
+    (get_grad_norm_direct, for clipping), the partition's gradients cast to fp32 (single_grad_partition),
+    scaled in place by the clip (unscale_and_clip_grads; Trainer passes its max_grad_norm), the client
+    optimizer's step on the fp32 partition, and the updated values copied into the model's weights
+    (bit16_partitions). Not in it: flattening gradients that are not contiguous, a norm per gradient tensor
+    (one here) and the engine's Python. (op_record.reading of them, their sequence), phase "step"."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import op_record
+
+    with FakeTensorMode(), eager():
+        flat, optimizer = flat_optimizer(spec, numel, profile)
+        grads, weights = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
+        with op_record.recording(on_cpu=profile.device == "cpu") as ops:
+            ops.mark("step")
+            torch.linalg.vector_norm(grads)
+            flat.grad = grads.to(torch.float32)
+            flat.grad.mul_(0.5)
+            optimizer.step()
+            weights.copy_(flat)
+    return op_record.reading(ops), ops.sequence
 
 
 def torchao_maps(cls) -> None:

@@ -13,13 +13,15 @@ import contextlib
 import time
 from typing import Any, Optional
 
+import torch
+
 from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
 from . import adjust, capture, fake, op_record, products, scratch, sharded, zero
-from .step import build_optimizer, fake_batch, flat_partition_step, optimizer_spec, state_bytes, \
-    trainer_arguments, training_step
+from .step import build_optimizer, fake_batch, flat_partition_ops, flat_partition_step, optimizer_spec, \
+    state_bytes, trainer_arguments, training_step
 
 
 @contextlib.contextmanager
@@ -79,6 +81,7 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
                    "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
     if adjustment is not None:
         reading.update(adjusted_reading(recorder, adjustment, profile, spec))  # with this GPU's scratch
+        reading.update(flat_step_ops(reading, adjustment, spec, profile, model))
         reading.update(zip(("gpu", "workspace"), reading_key(profile)))
         if adjustment.save_on_host:  # what save_on_cpu copies to the host per micro-batch, and back in backward
             reading["offloaded_bytes_per_micro_batch"] = sum(
@@ -148,6 +151,18 @@ def measured_batches(job: Config, plan, model) -> list:
     gradients alive, the same activations), so two stand for any number."""
     return [fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
             for _ in range(min(plan.accumulation_steps, 2))]
+
+
+def flat_step_ops(reading: dict, adjustment: adjust.Adjustment, spec, profile: HardwareConf, model) -> dict:
+    """ZeRO's optimizer step on the process's flat partition (step.flat_partition_ops) added to the step's ops:
+    the nearest job is traced without an optimizer. Its gradients and weights are the traced model's dtype
+    (the one DeepSpeed trains in)."""
+    if not adjustment.flat_numel:
+        return {}
+    dtype = next((p.dtype for p in model.parameters() if p.requires_grad), torch.float32)
+    ops, sequence = flat_partition_ops(spec, adjustment.flat_numel, profile, dtype)
+    return {"roofline_ops": reading["roofline_ops"] + ops,
+            "roofline_sequence": list(reading["roofline_sequence"]) + sequence}
 
 
 def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareConf, spec) -> dict[str, Any]:
