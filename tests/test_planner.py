@@ -52,6 +52,21 @@ def test_a_micro_batch_from_two_traces_matches_its_full_trace():
     assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-9)  # each op's FLOPs and bytes on its line
 
 
+def test_over_several_processes_a_micro_batch_is_derived_from_the_same_processes_traces():
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=64",
+                     "distributed.nproc=4"])
+    combo = {"precision": "bf16_true", "optim": "adamw", "checkpointing": "none", "lora": "none"}
+    variant, gpu, memo = space.variant(job, combo, 8), load_profile("a100_40gb"), {}  # 8 a rank, accumulation 2
+    made = depth.row_figures(variant, [gpu], memo, None)
+    assert batch.derived(variant, gpu, memo)
+    bases = [batch.at_micro_batch(variant, k) for k in batch.BASES]  # each rank's 16 as 2 x 8 and 4 x 4
+    assert [b.accumulation.steps for b in bases] == [8, 4]
+    full = depth.figures(estimate_job(variant, gpu, {}), 4)
+    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
+        assert made["per_gpu"][gpu.name][key] == full[key], key
+    assert made["per_gpu"][gpu.name]["step_s"] == pytest.approx(full["step_s"], rel=1e-9)
+
+
 def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4"])
     combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "r8"}

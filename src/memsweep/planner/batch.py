@@ -1,6 +1,6 @@
 """Micro-batches from two traces, at a fixed depth.
 
-Why it holds: the traced step at micro-batch m (accumulation batch_size / m, so two micro-batches measured
+Why it holds: the traced step at micro-batch m (accumulation a process's batch / m, so two micro-batches measured
 as the trace measures any accumulation of 2 or more) runs the same ops in the same order for every m of 2
 or more, and every tensor it allocates is either of the model (weights, gradients, optimizer state: the same
 bytes at every m) or of the batch (activations, logits, the batch itself: bytes proportional to m), so each
@@ -27,24 +27,26 @@ from ..estimate import capture
 from ..estimate.core import assemble, device_key, estimate_job
 from ..estimate.trace import PER_GPU, for_gpu
 from ..run.plan import build_plan
+from .space import per_rank
 
 BASES = (2, 4)
 
 
 def at_micro_batch(job: Config, m: int) -> Config:
-    steps = job.batch_size // m
+    steps = per_rank(job) // m
     return dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, name=f"x{steps}", steps=steps))
 
 
 def derivable(job: Config, m: int) -> bool:
     """m is not a base, and it and both bases measure two micro-batches (m >= 2, accumulation >= 2)."""
-    return m not in BASES and m >= 2 and all(job.batch_size % k == 0 and job.batch_size // k >= 2 for k in (*BASES, m))
+    share = per_rank(job)
+    return m not in BASES and m >= 2 and all(share % k == 0 and share // k >= 2 for k in (*BASES, m))
 
 
 def estimate(job: Config, profile: HardwareConf, memo: dict):
     """The estimate of `job` on `profile`: from its bases' traces where derivable and they line up, else traced."""
-    started, m, key = time.perf_counter(), job.batch_size // job.accumulation.steps, device_key(job, profile)
-    if key in memo or job.accumulation.steps * m != job.batch_size or not derivable(job, m):
+    started, m, key = time.perf_counter(), per_rank(job) // job.accumulation.steps, device_key(job, profile)
+    if key in memo or job.accumulation.steps * m != per_rank(job) or not derivable(job, m):
         return estimate_job(job, profile, memo)
     bases = [at_micro_batch(job, k) for k in BASES]
     for base in bases:
