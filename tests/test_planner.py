@@ -31,6 +31,23 @@ def test_blocks_traced_at_two_depths_and_scaled_match_the_full_trace():
     assert full["reserved_bytes"] <= scaled["reserved_bytes"] <= 1.1 * full["reserved_bytes"]
 
 
+@pytest.mark.parametrize("processes, placed", [(1, {"offload": "optimizer"}), (4, {"deepspeed": "zero2"}),
+                                               (4, {"deepspeed": "zero3_offload"}), (4, {"fsdp": "full_shard"})])
+def test_blocks_scaled_hold_wherever_the_state_lives(processes, placed):
+    """Offloaded, ZeRO-partitioned or FSDP-sharded, each block still adds the same tensors and ops: the depth
+    shortcut against the full trace (ZeRO-2's reduce bucket lands a few hundred bytes apart: 1e-5)."""
+    job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=5", "model.hidden_size=256",
+                     "model.intermediate_size=1024", "max_seq_len=64", "batch_size=64", f"distributed.nproc={processes}"])
+    combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "none", "offload": "none",
+             "deepspeed": "none", "fsdp": "none", **placed}
+    variant, gpu = space.variant(job, combo, 2), load_profile("a100_40gb")
+    full = depth.row_figures(variant, [gpu], {}, None)["per_gpu"][gpu.name]
+    scaled = depth.row_figures(variant, [gpu], {}, [2, 3])["per_gpu"][gpu.name]
+    assert scaled["peak_bytes"] == pytest.approx(full["peak_bytes"], rel=1e-5)
+    assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-3)
+    assert full["reserved_bytes"] <= scaled["reserved_bytes"] <= 1.1 * full["reserved_bytes"]
+
+
 def test_a_micro_batch_from_two_traces_matches_its_full_trace():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=16"])
     combo = {"precision": "bf16_true", "optim": "adamw", "checkpointing": "none", "lora": "none"}
