@@ -67,7 +67,7 @@ def placements(job: Config, lora: str) -> list[dict[str, str]]:
     """Where weights, gradients, optimizer state and activations live: with one process the plan's `offload`
     options (the job's own deepspeed / fsdp kept); with several, DDP and each `deepspeed` and `fsdp` option
     that is on (the job's own offload kept)."""
-    plan, own = job.plan, {g: getattr(job, g).name for g in PLACEMENT}
+    plan, own = job.plan, {g: str(getattr(job, g).name) for g in PLACEMENT}  # a StrEnum as its option name
     if job.distributed.world_size == 1:
         return [{**own, "offload": o} for o in dict.fromkeys(plan.offload if lora == "none" else plan.lora_offload)]
     ddp = {**own, "deepspeed": "none", "fsdp": "none"}
@@ -131,13 +131,14 @@ def changes_to_training(combo: dict[str, str]) -> str:
 
 def placed(combo: dict[str, str]) -> list[str]:
     """What a combination's placement changes: where things live, not what is computed, except DeepSpeed's
-    own mixed precision (its fp32 master copy and loss scaler in place of Trainer's)."""
+    own mixed precision (its fp32 master copy, and in fp16 its loss scaler, in place of Trainer's)."""
     said = {"optimizer": "optimizer state and step on the host (same result)",
             "optimizer_and_grads": "gradients, optimizer state and step on the host (same result)",
             "activations": "saved activations in host memory (same result)"}
     parts = [said[combo["offload"]]] if combo.get("offload", "none") in said else []
     if combo.get("deepspeed", "none") != "none":
-        parts.append(f"DeepSpeed {combo['deepspeed']} (its own fp32 master and loss scaling)")
+        scaler = " and loss scaler" if combo["precision"] == "fp16" else ""
+        parts.append(f"DeepSpeed {combo['deepspeed']} (its own fp32 master weights{scaler})")
     if combo.get("fsdp", "none") != "none":
         parts.append(f"FSDP2 {combo['fsdp']} (same result)")
     return parts
