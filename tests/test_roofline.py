@@ -257,7 +257,7 @@ def test_zeros_optimizer_step_is_timed_on_each_process_partition():
     assert one.step_time["optimizer_s"] > four.step_time["optimizer_s"] > 0  # a quarter of the values each
     assert "note" not in one.step_time and "note" not in four.step_time
     offloaded = estimate_job(*job_of(LLAMA + ["precision=bf16", "deepspeed=zero2_offload"])).step_time
-    assert offloaded["optimizer_s"] == 0 and "not timed (a lower bound)" in offloaded["note"]  # CPUAdam on the host
+    assert offloaded["optimizer_s"] == 0 and "not timed (a lower bound" in offloaded["note"]  # CPUAdam on the host
 
 
 def test_a_gpu_step_takes_the_longer_of_the_device_and_the_hosts_dispatch_of_its_ops():

@@ -58,20 +58,21 @@ forward, each later micro-batch's gradients added into the first's (accumulation
 optimizer step (memory-bound: it reads and writes every state tensor; under DeepSpeed ZeRO the engine's step over
 the process's flat partition, recorded on its own: step.flat_partition_ops) and bitsandbytes' quantize / dequantize ops
 (each dispatched as an op with its bytes). What it adds outside the ops: activation offload's host copies over the
-profile's host link, and on a CPU activation checkpointing's saved-tensor hooks (recompute_hooks_s) and Trainer's
-walks over the model's modules each micro-batch (trainer_walks_s). What it leaves out: data loading, the rest of a
-training loop's own work (a Trainer's callbacks and logging: 7-11 ms a step of 32 micro-batches for MiniLM here),
-checkpointing's hooks and Trainer's walks on a GPU's host, TF32 products with a transposed first operand (a weight's
-gradient: 0.25-0.5 of the datasheet on the H200, a third slower than the sum), products of widths that are not
-multiples of 8 (a batched 197 x 64 x 197 product: 4 times the sum). Several processes' collectives are added
-where they outlast the compute they overlap (collectives_waited, collectives.py).
+profile's host link, optimizer offload's copies of gradients and updated values (host_copies.py; the host's own
+optimizer step is not timed: such a step is a lower bound), and on a CPU activation checkpointing's saved-tensor
+hooks (recompute_hooks_s) and Trainer's walks over the model's modules each micro-batch (trainer_walks_s). What it
+leaves out: data loading, the rest of a training loop's own work (a Trainer's callbacks and logging: 7-11 ms a step
+of 32 micro-batches for MiniLM here), checkpointing's hooks and Trainer's walks on a GPU's host, TF32 products with
+a transposed first operand (a weight's gradient: 0.25-0.5 of the datasheet on the H200, a third slower than the
+sum), products of widths that are not multiples of 8 (a batched 197 x 64 x 197 product: 4 times the sum). Several
+processes' collectives are added where they outlast the compute they overlap (collectives_waited, collectives.py).
 """
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from . import collectives, host_cost
+from . import collectives, host_copies, host_cost
 from ..measure import peak
 
 GB = 1e9
@@ -219,17 +220,20 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
     """The predicted time of one optimizer step: on a GPU the host's launches of the ops and the device's
     kernels (queued_s: accumulation x a micro-batch's forward + backward, then the optimizer step); on a CPU
     the ops' sum; plus activation offload's host copies (save_on_cpu: each saved tensor to the host in forward
-    and back in backward, over the host link). With its parts; `step_s` None with the reason where it cannot
-    be predicted. `pages_anew`: the process hands freed host memory back to the OS (no malloc_reuse), so on a CPU
-    the step's large tensors are paged in again each time they are made; `model_type`'s ops cost the host theirs;
-    several processes (`distributed`) wait for collectives that outlast what they overlap (collectives_waited)."""
+    and back in backward, over the host link) and what optimizer offload's copies add (host_copies.py). With its
+    parts; `step_s` None with the reason where it cannot be predicted. `pages_anew`: the process hands freed host
+    memory back to the OS (no malloc_reuse), so on a CPU the step's large tensors are paged in again each time they
+    are made; `model_type`'s ops cost the host theirs; several processes (`distributed`) wait for collectives that
+    outlast what they overlap (collectives_waited)."""
     rates = rates_of(profile, plan.techniques.precision.compute, model_type)
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
     parts = seconds(traced["roofline_ops"], rates, traced.get("roofline_products") if rates.timed_products else None)
     accumulation = plan.accumulation_steps
     offloaded = traced.get("offloaded_bytes_per_micro_batch", 0)
-    if offloaded and rates.host_bytes_s is None:
+    copies = host_copies.waited(traced, plan, rates.host_bytes_s, accumulation * parts["forward"],
+                                accumulation * parts["backward"])  # optimizer offload's, over the host link
+    if (offloaded or copies) and rates.host_bytes_s is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no host_link_gbs for offload's copies"}
     host_s = accumulation * 2 * offloaded / rates.host_bytes_s if offloaded else 0.0
     # the optimizer stepping on the host (adjust.py) runs no op on the device: its step is not timed
@@ -239,18 +243,15 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
     device_s = accumulation * micro_batch_s + accumulate_s + on_device * parts["step"]
     dispatch_s = host_calls_s(parts, traced, rates, model_type, accumulation, on_device)
     sequence = [op for op in traced.get("roofline_sequence") or [] if on_device or op[0] != "step"]
-    paged = (traced.get("paged_in_bytes") or {}) if pages_anew and rates.serial else {}  # a GPU's allocator caches
-    per_byte = peak.fresh_page_s() / peak.PAGE if any(paged.values()) else 0.0
-    pages_s = (accumulation * (paged.get("forward", 0) + paged.get("backward", 0)) + on_device * paged.get("step", 0)
-               ) * per_byte
+    pages_s, forward_pages_s = paged_in_s(traced, rates, pages_anew, accumulation, on_device)
     if rates.serial:
         queue_s = device_s + dispatch_s + pages_s
     else:
         queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
     comm = collectives_waited(traced, plan, profile, distributed, accumulation * micro_batch_s)
-    out = {"step_s": queue_s + host_s + comm.get("collectives_waited_s", 0.0),
+    out = {"step_s": queue_s + host_s + comm.get("collectives_waited_s", 0.0) + copies.get("host_copies_waited_s", 0.0),
            "forward_s": parts["forward"], "backward_s": parts["backward"],
-           "forward_only_s": forward_only_s(sequence, parts, rates) + paged.get("forward", 0) * per_byte,
+           "forward_only_s": forward_only_s(sequence, parts, rates) + forward_pages_s,
            "accumulate_s": accumulate_s,
            "optimizer_s": on_device * parts["step"], "host_transfer_s": host_s, "accumulation_steps": accumulation,
            "device_s": device_s, "dispatch_s": dispatch_s, "paged_in_s": pages_s,
@@ -262,8 +263,17 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
            "gpu_us_per_op": 1e6 * micro_batch_s / ops if ops else None,
            "compute_bound_share": parts["compute_bound_s"] / max(parts["compute_bound_s"] + parts["memory_bound_s"], 1e-30),
            "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), launched by the host",
-           **comm}
+           **comm, **copies}
     return noted(out, untimed(parts, traced, plan, profile, on_device), comm)
+
+
+def paged_in_s(traced: dict, rates: Rates, pages_anew: bool, accumulation: int, on_device: bool) -> tuple[float, float]:
+    """(a step's, a micro-batch's forward's) seconds paging in the large tensors it makes anew, on a CPU whose
+    process hands freed memory back to the OS; a GPU's allocator caches its blocks."""
+    paged = (traced.get("paged_in_bytes") or {}) if pages_anew and rates.serial else {}
+    per_byte = peak.fresh_page_s() / peak.PAGE if any(paged.values()) else 0.0
+    made = accumulation * (paged.get("forward", 0) + paged.get("backward", 0)) + on_device * paged.get("step", 0)
+    return made * per_byte, paged.get("forward", 0) * per_byte
 
 
 def noted(out: dict, left_out: dict, comm: dict) -> dict:
@@ -327,6 +337,6 @@ def untimed(parts: dict, traced: dict, plan, profile, on_device: bool) -> dict:
         return {"step_s": None, "why_not": f"profile {profile.name} has no peak rate for {', '.join(parts['no_rate'])}"}
     if not on_device:
         # the step on the host depends on the host's CPU and memory, which no profile describes; the GPU runs none
-        return {"note": "the optimizer steps on the host: its step and the copies of gradients and weights to and from "
-                        "it are not timed (a lower bound)"}
+        return {"note": "the optimizer steps on the host's CPU: that step is not timed (a lower bound; the copies to "
+                        "and from it are)"}
     return {}
