@@ -10,12 +10,12 @@ from . import space
 GIB = 2**30
 ORDER = {"fits": 0, "does not fit": 1, "error": 2, "refused": 3}
 COLUMNS = ("gpu", "rank", "status", "precision", "optim", "checkpointing", "lora", "placement", "micro_batch",
-           "accumulation",
-           "device_gib", "margin_gib", "step_s", "tokens_per_s", "changes", "method", "reason")
+           "accumulation", "device_gib", "margin_gib", "step_s", "tokens_per_s", "changes", "method", "reason")
 
 
 def ranked(rows: list[dict]) -> list[dict]:
-    """Per GPU: fitting rows by predicted step time (a row without one after them), then the others."""
+    """Per GPU: fitting rows by predicted step time (those whose time is a lower bound after them, then those
+    without one), then the others."""
     def key(r):
         return (r["gpu"], ORDER[r["status"]], r.get("step_s") is None, bool(r.get("time_note")),
                 r.get("step_s") or 0.0, -(r.get("margin_bytes") or 0))
@@ -74,8 +74,9 @@ HEADER = ("Predicted, not measured. device_gib: what nvidia-smi would show (the 
           "overrides that say so (none: each process holds them all on its GPU). "
           "step_s: one optimizer step (micro_batch x accumulation sequences of max_seq_len tokens): a roofline "
           "per op at the rates a card reaches of its datasheet's, each op launched by the host (eager PyTorch's "
-          "dispatch, measured on an H200's host), and several processes' collectives where they outlast the "
-          "compute they overlap; no data loading; tokens_per_s from it. \">= s\": a lower bound, its reason "
+          "dispatch, measured on an H200's host), several processes' collectives and optimizer offload's host "
+          "copies where they outlast the compute they overlap; no data loading; tokens_per_s from it, over every "
+          "process. \">= s\": a lower bound, its reason "
           "says what is not timed; such rows rank after those timed whole. method: how the memory was traced.\n\n")
 
 
