@@ -63,7 +63,8 @@ def test_a_step_waits_for_the_collectives_that_outlast_the_compute_they_overlap(
     assert slow["collectives_waited_s"] == pytest.approx(slow["collectives_s"] - compute)
     assert slow["step_s"] == pytest.approx(fast["step_s"] + slow["collectives_waited_s"])
     # what runs after the optimizer step is waited for whole
-    assert collectives.waited_s(collectives.Volume(overlapped=2e9, after_step=1e9), 1.0, 1.5) == (3.0, 1.5)
+    one_gbs = 1.0 * collectives.GB
+    assert collectives.waited_s(collectives.Volume(overlapped=2e9, after_step=1e9), one_gbs, 1.5) == (3.0, 1.5)
     # nodes without a network bandwidth: the step is a lower bound, and says so
     multi = estimate_job(*job_of(LLAMA + ["distributed.nproc=4", "distributed.nodes=2", "fsdp=full_shard"])).step_time
     assert "collectives_s" not in multi and "not timed" in multi["note"]

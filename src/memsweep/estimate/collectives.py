@@ -84,9 +84,8 @@ def link_gbs(profile, distributed) -> tuple[Optional[float], str]:
     return None, f"profile {profile.name} has no interconnect_gbs or host_link_gbs"
 
 
-def waited_s(sent: Volume, gbs: float, hidden_under_s: float) -> tuple[float, float]:
-    """(the collectives' seconds, what the step waits for them): the overlapped part beyond `hidden_under_s`
-    of the device's compute, and all of what runs after the optimizer step."""
-    rate = gbs * GB
-    overlapped, after = sent.overlapped / rate, sent.after_step / rate
+def waited_s(sent: Volume, bytes_s: float, hidden_under_s: float) -> tuple[float, float]:
+    """(the transfers' seconds at `bytes_s`, what the step waits for them): the overlapped part beyond
+    `hidden_under_s` of the device's compute, and all of what runs after the optimizer step."""
+    overlapped, after = sent.overlapped / bytes_s, sent.after_step / bytes_s
     return overlapped + after, max(0.0, overlapped - hidden_under_s) + after

@@ -23,7 +23,7 @@ The link is the profile's host link (`host_link_gbs`, one direction). What the s
 that run while the device computes wait only beyond it (the gradients' beyond backward, FSDP2's beyond
 forward and backward), the copies back after the step whole.
 """
-from .collectives import Volume
+from .collectives import Volume, waited_s
 
 
 def volume(plan, total_params: int, trainable_params: int) -> tuple[Volume, bool]:
@@ -51,7 +51,5 @@ def waited(traced: dict, plan, link_bytes_s, forward_s: float, backward_s: float
     sent, under_forward = volume(plan, traced.get("total_params", 0), traced.get("trainable_params", 0))
     if not sent.total or link_bytes_s is None:
         return {"host_copy_bytes": sent.total} if sent.total else {}
-    overlapped, after = sent.overlapped / link_bytes_s, sent.after_step / link_bytes_s
-    hidden = backward_s + (forward_s if under_forward else 0.0)
-    return {"host_copy_bytes": sent.total, "host_copies_s": overlapped + after,
-            "host_copies_waited_s": max(0.0, overlapped - hidden) + after}
+    took, waited_for = waited_s(sent, link_bytes_s, backward_s + (forward_s if under_forward else 0.0))
+    return {"host_copy_bytes": sent.total, "host_copies_s": took, "host_copies_waited_s": waited_for}

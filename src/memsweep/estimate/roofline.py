@@ -305,7 +305,7 @@ def collectives_waited(traced: dict, plan, profile, distributed, compute_s: floa
     if gbs is None:
         return {"collective_bytes": sent.total, "note": f"the collectives of {plan.world_size} processes are not timed "
                                                         f"({link}): a lower bound"}
-    took, waited = collectives.waited_s(sent, gbs, compute_s)
+    took, waited = collectives.waited_s(sent, gbs * collectives.GB, compute_s)
     return {"collective_bytes": sent.total, "collectives_s": took, "collectives_waited_s": waited,
             "collectives_link": link}
 

@@ -17,7 +17,6 @@ made (the events differ), and accumulation 1 measures one micro-batch, not two; 
 two traces' events do not line up (the same allocations and frees in the same order) or a size is not on an
 integer line, the job is traced as it is. tests/test_planner.py checks a derived step against its full trace.
 """
-import dataclasses
 import time
 from collections import Counter
 from typing import Optional
@@ -27,14 +26,9 @@ from ..estimate import capture
 from ..estimate.core import assemble, device_key, estimate_job
 from ..estimate.trace import PER_GPU, for_gpu
 from ..run.plan import build_plan
-from .space import per_rank
+from .space import at_micro_batch, per_rank
 
 BASES = (2, 4)
-
-
-def at_micro_batch(job: Config, m: int) -> Config:
-    steps = per_rank(job) // m
-    return dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, name=f"x{steps}", steps=steps))
 
 
 def derivable(job: Config, m: int) -> bool:

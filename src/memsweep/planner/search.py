@@ -69,7 +69,7 @@ def floor_of(combo: dict, variant: Config, profile: HardwareConf, memo: dict) ->
             memo[key] = floor.held_bytes(dataclasses.replace(variant, offload=OffloadConf()), profile)  # all on it
         except Exception:  # noqa: BLE001 - no floor is no shortcut: the combination is traced as it is
             memo[key] = {}
-    return floor.on_device(memo[key], combo) if memo[key] else {}
+    return floor.on_device(memo[key], combo)
 
 
 def search(job: Config, progress: Optional[Callable[[str], None]] = None, memo: Optional[dict] = None) -> list[dict]:

@@ -99,9 +99,13 @@ def variant(job: Config, combo: dict[str, str], micro_batch: int) -> Config:
     """The job with the combination's group options and micro-batch (accumulation keeps batch_size, over the
     job's processes)."""
     changes = {g: section(g, o, type(getattr(job, g))) for g, o in combo.items()}
-    steps = per_rank(job) // micro_batch
-    changes["accumulation"] = dataclasses.replace(job.accumulation, name=f"x{steps}", steps=steps)
-    return dataclasses.replace(job, **changes)
+    return at_micro_batch(dataclasses.replace(job, **changes), micro_batch)
+
+
+def at_micro_batch(job: Config, m: int) -> Config:
+    """The job at micro-batch m: accumulation makes up each process's share of batch_size."""
+    steps = per_rank(job) // m
+    return dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, name=f"x{steps}", steps=steps))
 
 
 @functools.lru_cache(maxsize=None)
