@@ -66,11 +66,11 @@ sweep-t4: $(STAMP)
 		echo "sweep-t4: no CUDA GPU on this machine, nothing was run; predict the same grid without a GPU: make estimate-t4"; \
 	fi
 
-# The same grid predicted without a GPU or weights (python -m memsweep.estimate): estimate.json per
+# The same grid predicted without a GPU or weights (python -m memsweep.app.estimate): estimate.json per
 # job and estimate.md (peak and breakdown, fits/margin on the T4's 15 GiB, FLOPs and time per step);
 # bf16 rows are refused by the rule, as in sweep-t4. SWEEP=<dir> chooses the output dir.
 estimate-t4: $(STAMP)
-	$(PY) -m memsweep.estimate $(T4_GRID) $(if $(SWEEP),--out $(SWEEP)) $(ARGS)
+	$(PY) -m memsweep.app.estimate $(T4_GRID) $(if $(SWEEP),--out $(SWEEP)) $(ARGS)
 
 # Which technique combinations let Llama-3.1-8B fine-tune on a T4, a 24 GB RTX 4090 and an A100-40GB:
 # one row per combination, per GPU fits / margin / predicted device-used GiB / ms per step (a lower
@@ -88,7 +88,7 @@ LLM_GRID ?= --grid precision=bf16 optim=adamw,adamw_8bit,adafactor checkpointing
 	--grid precision=bf16_true optim=adamw lora=r8,qlora,int8 checkpointing=none,full \
 	--grid precision=fp16 optim=adamw lora=qlora,int8 checkpointing=full
 estimate-llm: $(STAMP)
-	$(PY) -m memsweep.estimate $(LLM_JOB) hardware=$(LLM_GPUS) $(ARGS) $(LLM_GRID) --by hardware $(if $(SWEEP),--out $(SWEEP))
+	$(PY) -m memsweep.app.estimate $(LLM_JOB) hardware=$(LLM_GPUS) $(ARGS) $(LLM_GRID) --by hardware $(if $(SWEEP),--out $(SWEEP))
 
 # The fastest technique combination that fits each GPU (mode=plan, src/memsweep/planner/): precision x optimizer x
 # checkpointing x LoRA / QLoRA / int8 x micro-batch (accumulation keeps the effective batch), rules applied, ranked

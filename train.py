@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from memsweep.run.job import run  # imported here so `--help` and `--cfg job` answer fast
+    from memsweep.app.job import run  # imported here so `--help` and `--cfg job` answer fast
     from memsweep.sweep.search import objective
 
     # The return value is what a hyperparameter sweeper (hparams_search=optuna) optimises.

@@ -75,8 +75,8 @@ def export_data(work: Path) -> tuple[Path, str, dict]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from memsweep.run import data, model
     from memsweep.config.schema import register_configs
+    from memsweep.run import data, model
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -215,7 +215,7 @@ def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cl
              f"- load average (1 min) at start / end: {load_start:.2f} / {load_end:.2f} "
              "(another busy process on these 2 cores slows every arm several times: compare only quiet runs)",
              f"- threads: {threads}; python {info['python']}; total bench time "
-             f"{(dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60:.1f} min", ""]
+             f"{(dt.datetime.now(dt.UTC) - started).total_seconds() / 60:.1f} min", ""]
     if over:
         lines += [f"### Framework overhead ({args.steps} optimizer steps per run, {args.repeats} runs per arm, "
                   "arms alternating)", "",
@@ -317,7 +317,7 @@ def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cl
 
 def main() -> None:
     args = parse_args()
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     work = Path(args.work or tempfile.mkdtemp(prefix="memsweep-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     sections = set(args.sections.split(","))

@@ -87,13 +87,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from conftest import job_of
     from transformers import AutoModelForSequenceClassification
 
+    from conftest import job_of
     from memsweep.config.hardware import load_profile
     from memsweep.estimate import roofline
     from memsweep.estimate.meta import model_config
-    from memsweep.run.host_memory import keep_freed_memory
+    from memsweep.measure.host_memory import keep_freed_memory
     from memsweep.techniques import checkpointing
 
     torch.set_num_threads(1)

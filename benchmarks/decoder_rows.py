@@ -8,7 +8,8 @@ states, NF4 double quantization), or a library version whose memory differs from
 installs (bitsandbytes before 0.43.2), makes the row NotModelled, naming it. Each function returns
 (overrides, caveat): the caveat says where the job is an approximation of the source's set-up.
 """
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Job = tuple[list[str], str]
 

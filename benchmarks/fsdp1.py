@@ -39,7 +39,8 @@ the FSDP2 trace of the same units; nothing is fitted to a table.
 import collections
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from patching import patched
 
@@ -62,8 +63,8 @@ def flat_unit_gradients() -> Iterator[None]:
                 p.data = p.data.to(dtype)
         return shard(model, *args)
 
-    def then_flat(plan, model, profile, spec):
-        optimizer = build(plan, model, profile, spec)
+    def then_flat(setup, model, profile, spec):
+        optimizer = build(setup, model, profile, spec)
         for unit in units(model):
             if any(p.requires_grad for p in unit):
                 for p in unit:

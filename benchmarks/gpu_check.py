@@ -15,7 +15,7 @@ import datetime as dt
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -57,11 +57,11 @@ AUDIT = ("compute_dtype", "grad_scaler", "optimizer", "optimizer_kernel", "optim
          "checkpointed_layers", "emulated_precision")
 
 
-def _gib(value: Optional[float]) -> str:
+def _gib(value: float | None) -> str:
     return "–" if value is None else f"{value / GIB:.3f}"
 
 
-def _error(predicted: Optional[float], measured: Optional[float]) -> str:
+def _error(predicted: float | None, measured: float | None) -> str:
     return "–" if not predicted or not measured else f"{100 * (predicted - measured) / measured:+.1f} %"
 
 
@@ -101,7 +101,7 @@ def table(all_rows: list[dict[str, Any]]) -> str:
 def write_report(path: Path, all_rows: list[dict[str, Any]], gpu: str, command: str) -> None:
     import torch
 
-    header = [f"# GPU acceptance run ({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
+    header = [f"# GPU acceptance run ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC)", "",
               f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}. Command: `{command}`.", "",
               "Predicted = the job's estimate, made before it trained; measured = torch.cuda.max_memory_allocated, "
               "max_memory_reserved and NVML's used (what nvidia-smi shows) at the end of the job. "
@@ -109,7 +109,7 @@ def write_report(path: Path, all_rows: list[dict[str, Any]], gpu: str, command: 
     path.write_text("\n".join(header) + table(all_rows) + "\n")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "GPU.md")
     parser.add_argument("--sweeps", type=Path, default=ROOT / "multirun" / "gpu-check")

@@ -14,7 +14,6 @@ import json
 import platform
 import sys
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
@@ -22,7 +21,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 from memsweep.measure.peak import median_rate, median_seconds, ops_in  # noqa: E402
 
 
-def matmul_tflops(torch, dtype, n: int, m: Optional[int] = None, k: Optional[int] = None) -> float:
+def matmul_tflops(torch, dtype, n: int, m: int | None = None, k: int | None = None) -> float:
     m, k = m or n, k or n
     a, b = torch.randn(n, k, device="cuda", dtype=dtype), torch.randn(k, m, device="cuda", dtype=dtype)
     # ten products per synchronisation: a small one's launch and the round trip are not its time
@@ -81,7 +80,7 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

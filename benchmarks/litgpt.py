@@ -26,7 +26,7 @@ is not installed): phi-1.5, StableLM-Alpha-3B and Llama-2-7B at micro-batch 1 an
 estimates (with the tables' bf16 LoRA weights, `lora.autocast_adapter_dtype=false`).
 """
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from patching import patched
 
@@ -71,8 +71,9 @@ def padded_update(fused: bool):
 @contextlib.contextmanager
 def attention() -> Iterator[None]:
     """The trace's training step with lit-gpt's attention (see the module): no KV cache, LoRA updates padded."""
-    import memsweep.estimate.trace as trace
     from transformers import PreTrainedModel
+
+    import memsweep.estimate.trace as trace
 
     installed = trace.training_step
 

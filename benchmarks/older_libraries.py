@@ -50,7 +50,8 @@ mechanism with its source and what it applies to, and a table that states neithe
 """
 import contextlib
 import re
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import yaml
 
@@ -83,17 +84,17 @@ FP32_REDUCE = "FSDP2 reducing gradients in fp32 (torchtitan's MixedPrecisionPoli
 DISTILBERT_MASKED_FILL = "transformers 4.x DistilBERT attention: the scores masked in their own dtype (masked_fill)"
 
 
-def fields(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def fields(table: dict[str, Any], row: dict[str, Any] | None = None) -> dict[str, Any]:
     """The table's set-up (its `common`) with the row's own fields over it."""
     return {**table.get("common", {}), **(row or {})}
 
 
-def setup(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> str:
+def setup(table: dict[str, Any], row: dict[str, Any] | None = None) -> str:
     """The table's set-up and the row's fields as one text, where versions and libraries are looked for."""
     return yaml.safe_dump(fields(table, row), width=10_000)
 
 
-def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
+def stated_torch(table: dict[str, Any]) -> tuple[int, int, str] | None:
     """(major, minor, nightly date or "" for a release) of the torch the table's set-up states, else None."""
     found = TORCH.search(setup(table))
     if found is None:
@@ -102,7 +103,7 @@ def stated_torch(table: dict[str, Any]) -> Optional[tuple[int, int, str]]:
     return int(major), int(minor), nightly or ""
 
 
-def before(version: Optional[tuple[int, int, str]], change: tuple[int, int, str]) -> bool:
+def before(version: tuple[int, int, str] | None, change: tuple[int, int, str]) -> bool:
     """Whether a stated torch (major, minor, nightly date or "") predates a change first in `change`'s nightly
     (whose release, made after it, has it)."""
     if version is None:
@@ -119,12 +120,12 @@ def holds_logits(stated: str) -> bool:
     return found is not None and found.group(1) < TORCHTUNE_FREES_LOGITS
 
 
-def foreach_adam_holds_denom(version: Optional[tuple[int, int, str]]) -> bool:
+def foreach_adam_holds_denom(version: tuple[int, int, str] | None) -> bool:
     """Whether that torch's foreach Adam / AdamW kept the second parameter-sized list (see the module)."""
     return before(version, FOREACH_ADAM_ONE_INTERMEDIATE)
 
 
-def adjustments(table: dict[str, Any], row: Optional[dict[str, Any]] = None) -> list[str]:
+def adjustments(table: dict[str, Any], row: dict[str, Any] | None = None) -> list[str]:
     """The names of the adjustments a table's rows (or one row, whose own fields may say more) are estimated
     with (empty: the installed libraries). Lightning's FSDPStrategy is FSDP1 in every Lightning release."""
     stated, torch_version = setup(table, row), stated_torch(table)
@@ -266,11 +267,11 @@ def zero_grad_before_backward() -> Iterator[None]:
         def __getattr__(self, name):
             return getattr(self.marks, name)
 
-    def stepping(model, optimizer, batches, plan, marks=None, **kwargs):
+    def stepping(model, optimizer, batches, setup, marks=None, **kwargs):
         marks = Marks(marks or NoMarks(), model)
         model.zero_grad = lambda *args, **kw: None  # the step's end keeps them
         try:
-            installed(model, optimizer, batches, plan, marks=marks, **kwargs)
+            installed(model, optimizer, batches, setup, marks=marks, **kwargs)
         finally:
             del model.zero_grad
 

@@ -118,8 +118,8 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from memsweep.config import hardware
-    from memsweep.sweep import wandb_log
     from memsweep.run.train_loop import build, release
+    from memsweep.sweep import wandb_log
 
     overrides = [f"max_steps={args.steps}", *args.override]
     cfg, job = compose_job(overrides)

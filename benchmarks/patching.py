@@ -1,7 +1,8 @@
 """One way for the benchmarks' named adjustments (older_libraries.py, fsdp1.py, litgpt.py) to make installed
 code step as another library's did for the length of an estimate, and to put it back."""
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager

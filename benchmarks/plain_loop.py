@@ -9,8 +9,9 @@ RandomSampler (torch.randperm with a generator seeded by the seed).
 import time
 
 import torch
-from plain_common import parse_args, read_data, write_result
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from plain_common import parse_args, read_data, write_result
 
 
 def main() -> None:

@@ -8,9 +8,16 @@ import tempfile
 import time
 
 import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
 from plain_common import parse_args, read_data, write_result
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainerCallback, TrainingArguments)
 
 
 class StepEnds(TrainerCallback):

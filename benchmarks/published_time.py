@@ -18,7 +18,7 @@ of `timed_evaluation_examples` per epoch (its `epochs`), at the training micro-b
 """
 import math
 import re
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -26,7 +26,7 @@ TOLERANCE_PCT = 30.0  # the issue's bound for a predicted time against a publish
 SECONDS = {"s": 1.0, "min": 60.0, "h": 3600.0}
 
 
-def published_step_s(row: dict[str, Any], est: dict[str, Any]) -> Optional[float]:
+def published_step_s(row: dict[str, Any], est: dict[str, Any]) -> float | None:
     """Seconds per optimizer step as the row prints them, or None."""
     if "time_elapsed" in row:
         value, unit = str(row["time_elapsed"]).split()
@@ -55,7 +55,7 @@ def evaluation_s_per_step(row: dict[str, Any], common: dict[str, Any], est: dict
 
 
 def columns(row: dict[str, Any], est: dict[str, Any], timed_card: bool = True,
-            common: Optional[dict[str, Any]] = None) -> dict[str, Optional[float]]:
+            common: dict[str, Any] | None = None) -> dict[str, float | None]:
     """The row's time columns: published and predicted seconds per step and the error (None where either is
     missing: the estimate says why in its step_time's why_not; and no published time where the estimate's
     profile is not the card that measured it, `timed_card` False: the table's `time_on_profile: false`).

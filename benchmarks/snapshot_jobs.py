@@ -44,9 +44,9 @@ def measured(tokens: int) -> tuple[int, int]:
 
 
 def estimated(tokens: int) -> dict:
+    from memsweep.app.estimate import compose
     from memsweep.config import hardware, validate
     from memsweep.estimate import step
-    from memsweep.estimate.__main__ import compose
     from memsweep.estimate.core import estimate_job
 
     job = compose(JOB + [f"max_seq_len={tokens}"])

@@ -10,8 +10,9 @@ modelled row's memory is off by more than the tolerance (10 %).
 """
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -19,11 +20,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's memsweep
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import published_time  # noqa: E402
 from decoder_rows import TABLES as DECODER_TABLES  # noqa: E402
 from decoder_rows import NotModelled  # noqa: E402
 from older_libraries import adjustments, stepping_as  # noqa: E402
-import published_time  # noqa: E402
 from vision_rows import TABLES as VISION_TABLES  # noqa: E402
+
 PUBLISHED = ROOT / "benchmarks" / "published"
 TOLERANCE_PCT = 10.0
 GIB = 2**30
@@ -96,7 +98,7 @@ def job_for(stem: str, row: dict[str, Any], common: dict[str, Any]) -> tuple[lis
 
 # --- the check ------------------------------------------------------------------------------------
 
-def published_bytes(row: dict[str, Any]) -> Optional[float]:
+def published_bytes(row: dict[str, Any]) -> float | None:
     if row.get("memory") is None:
         return None  # an out-of-memory row: nothing to compare
     return float(row["memory"]) * UNIT_BYTES[unit(row)]
@@ -112,8 +114,8 @@ def estimate(overrides: list[str], cache: dict, older: tuple[str, ...] = ()) -> 
     libraries did where they are older (older_libraries.py)."""
     key = (tuple(overrides), older)
     if key not in cache:
+        from memsweep.app.estimate import compose
         from memsweep.config import hardware, validate
-        from memsweep.estimate.__main__ import compose
         from memsweep.estimate.core import estimate_job
 
         job = compose(overrides)
@@ -187,7 +189,7 @@ def report(frame: pd.DataFrame) -> str:
     return "\n".join(lines + published_time.summary(frame))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="*", type=Path, help="published tables (default: all of benchmarks/published)")
     args = parser.parse_args(argv)

@@ -8,7 +8,8 @@ keys and values in one matmul (`nn.MultiheadAttention`'s `in_proj`) where transf
 bytes held for backward. transformers' classifier has no pooler (as torchvision's and timm's heads). The
 differences that remain are named in each row's caveat.
 """
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from decoder_rows import NotModelled
 

@@ -67,8 +67,8 @@ def run_job(overrides, job_dir: Path, multirun: bool = False, exits: bool = Fals
     """Run one real job in this process (as Hydra's basic launcher does) and return its results, also
     when a single run ends otherwise than ok and exits with its status's code (`exits=True`: the
     SystemExit is raised to the test instead)."""
+    from memsweep.app.job import run
     from memsweep.run import results
-    from memsweep.run.job import run
 
     try:
         return run(compose_config(overrides, job_dir, multirun))
@@ -136,7 +136,7 @@ def checks_imported():
     """The libraries the input checks use (transformers' configs, model classes and schedulers, peft),
     imported once by one full check of an encoder and a decoder job: the timing of a refusal then measures
     the checks, as in a sweep's later jobs, not the process's first imports."""
-    from memsweep.config import validate
+    from memsweep.run import inputs
 
     for overrides in (TINY, TINY + ["model=tiny-llama", "task=causal_lm"]):
-        validate.job(compose_config(overrides))
+        inputs.job(compose_config(overrides))

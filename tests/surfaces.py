@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CONF, compose_config, run_job
 
+from conftest import CONF, compose_config, run_job
 from memsweep.errors import ConfigError
 
 ERROR = re.compile(r"^memsweep: error: ([\w.]+): ")
@@ -31,8 +31,8 @@ def train_py(args: list[str], job_dir: Path) -> int:
 
 
 def estimate_cli(args: list[str], out: Path) -> int:
-    """`python -m memsweep.estimate <args>`."""
-    from memsweep.estimate.__main__ import main
+    """`python -m memsweep.app.estimate <args>`."""
+    from memsweep.app.estimate import main
 
     return main(args + ["--out", str(out)])
 
@@ -42,8 +42,8 @@ def search_start(args: list[str]) -> int:
     sweep's start (callbacks.SweepReport), where a search that cannot run is refused."""
     from hydra import compose, initialize_config_dir
 
+    from memsweep.app.callbacks import SweepReport
     from memsweep.config.validate_args import arguments
-    from memsweep.sweep.callbacks import SweepReport
     from memsweep.sweep.search import register_resolver
 
     register_resolver()
@@ -62,7 +62,8 @@ def search_start(args: list[str]) -> int:
 @pytest.fixture
 def no_work(monkeypatch, checks_imported):
     """Nothing is loaded, trained or estimated: bad input is refused before any of it."""
-    from memsweep.estimate import __main__ as cli, core
+    from memsweep.app import estimate as cli
+    from memsweep.estimate import core
     from memsweep.run import model, train_loop
 
     def refuse(*args, **kwargs):

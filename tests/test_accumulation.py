@@ -1,8 +1,9 @@
 """accumulation: same effective batch, a quarter of the micro-batch, the same gradients as one full batch."""
 import pytest
 import torch
-from conftest import TINY, build_job
 from transformers import TrainerCallback
+
+from conftest import TINY, build_job
 
 EXACT = TINY + ["model.dropout=0", "optim.max_grad_norm=0", "max_steps=1", "measure.ledger=false"]
 

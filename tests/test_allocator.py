@@ -252,9 +252,9 @@ def test_capture_frees_a_storage_when_its_last_view_dies():
 
 
 def test_a_gpu_profile_estimate_reports_what_the_allocator_reserves():
-    from conftest import compose_config
     from omegaconf import OmegaConf
 
+    from conftest import compose_config
     from memsweep.config import hardware
     from memsweep.estimate import capture, core
 

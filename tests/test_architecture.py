@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import compose_config
-from memsweep.run import model, structure
-from memsweep.errors import ConfigError
 from memsweep.config.schema import ModelConf, ModelSource
+from memsweep.errors import ConfigError
+from memsweep.run import model, structure
 
 
 def _meta(model_type: str, causal: bool, **keys):
@@ -42,7 +42,7 @@ def test_the_model_keys_override_what_is_found():
                           "model.head_modules=[lm_head,model.norm]"])
     from omegaconf import OmegaConf
 
-    found = structure.for_job(OmegaConf.to_object(job))
+    found = structure.of_job(OmegaConf.to_object(job))
     assert found.attention == ("q_proj", "o_proj") and found.head == ("lm_head", "model.norm")
     assert found.layers == "model.layers"  # the keys left null are still found
 

@@ -1,5 +1,5 @@
 """A corpus of mistakes as a new user types them on four surfaces: decoders (train.py, task=causal_lm),
-estimates (mode=estimate and `python -m memsweep.estimate`), overrides (the command line) and searches
+estimates (mode=estimate and `python -m memsweep.app.estimate`), overrides (the command line) and searches
 (hparams_search=optuna). Each must end clean: one line `memsweep: error: <key>: ...` (or the status
 `unsupported` where a rule refuses), no traceback, exit 2 (or 5), nothing loaded, trained or estimated,
 in under 5 s. All run in this process as their commands run them (surfaces.py); one per surface also runs
@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 from surfaces import assert_refused, estimate_cli, no_work, refusal, search_start, train_py  # noqa: F401 - a fixture
 
@@ -130,7 +131,7 @@ COMMANDS = {
                 "model.overrides.num_key_value_heads"),
     "estimate": (["train.py", "mode=estimate", "model=llama-3.1-8b", "task=causal_lm", "max_seq_len=200000"],
                  "max_seq_len"),
-    "estimate CLI": (["-m", "memsweep.estimate", "model=llama-3.1-8b", "task=causal_lm",
+    "estimate CLI": (["-m", "memsweep.app.estimate", "model=llama-3.1-8b", "task=causal_lm",
                       "+model.overrides.num_key_value_heads=5"], "model.overrides.num_key_value_heads"),
     "override": (["train.py", "lr=3e−4"], "lr"),
     "search": (["train.py", *SEARCH, *SMALL, *DECODER, "search.metric=f1"], "search.metric"),

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 
 HEAVY = ("torch", "transformers", "datasets", "pandas", "wandb", "deepspeed", "peft")

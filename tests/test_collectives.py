@@ -1,12 +1,12 @@
 """Several processes' collectives: the bytes each rank sends per step, the link they cross, and what the step
 waits for them (estimate/collectives.py, roofline.collectives_waited)."""
 import pytest
-from conftest import job_of
 
+from conftest import job_of
 from memsweep.errors import ConfigError
 from memsweep.estimate import collectives
 from memsweep.estimate.core import estimate_job
-from memsweep.run.plan import build_plan
+from memsweep.run.setup import build_setup
 
 LLAMA = ["task=causal_lm", "model=tiny-llama", "batch_size=16", "max_seq_len=128", "precision=bf16",
          "hardware=a100_40gb"]
@@ -15,7 +15,7 @@ P, T = 1_000_000, 250_000  # parameters, trainable ones
 
 def sent(*extra) -> collectives.Volume:
     job, profile = job_of(LLAMA + list(extra))
-    return collectives.volume(build_plan(job, profile), P, T)
+    return collectives.volume(build_setup(job, profile), P, T)
 
 
 def test_each_engine_sends_what_its_ring_collectives_move_per_step():

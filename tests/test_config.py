@@ -3,10 +3,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, compose_config
+from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-from hydra.errors import ConfigCompositionException
+from conftest import ROOT, compose_config
 
 
 def test_default_is_the_embedded_model_and_data():

@@ -8,8 +8,8 @@ import sys
 import warnings
 
 import pytest
-from conftest import ROOT
 
+from conftest import ROOT
 from memsweep.estimate.table import summary_line
 from memsweep.run import console
 
@@ -47,7 +47,7 @@ def test_library_warnings_go_to_the_log_and_each_line_shows_once(job_logging):
     logging.getLogger("peft.tuners").warning("Some weights were not initialized")
     logging.getLogger("peft.tuners").error("a library error is shown")
     for _ in range(2):
-        logging.getLogger("memsweep.run.job").warning("memsweep's own line")
+        logging.getLogger("memsweep.app.job").warning("memsweep's own line")
     shown, kept = screen.getvalue(), log.read_text()
     assert shown.splitlines() == ["a library error is shown", "memsweep's own line"]
     for line in ("FutureWarning", "gemm_4bit_forward", "Some weights were not initialized"):

@@ -4,9 +4,9 @@ import time
 import pandas as pd
 import pytest
 
-from memsweep.run import data
-from memsweep.errors import ConfigError
 from memsweep.config.schema import DataConf, DataSource
+from memsweep.errors import ConfigError
+from memsweep.run import data
 
 
 def tweets(**kw) -> DataConf:

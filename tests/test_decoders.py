@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+
 from conftest import THREADS, build_job, run_job
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
@@ -246,7 +247,7 @@ def test_a_decoder_classifies_with_its_score_head(tmp_path):
 def test_a_decoder_classifier_reads_the_last_token_before_the_padding(tmp_path):
     built = build_job(LLAMA + ["task=classification"], tmp_path)
     model, tokenizer = built.trainer.model.eval(), built.trainer.processing_class
-    assert built.trainer.plan.structure.head == ("score",)
+    assert built.trainer.setup.structure.head == ("score",)
     assert model.config.pad_token_id == tokenizer.pad_token_id is not None
     texts = ["a short tweet", "a longer tweet that needs no padding at all"]
     with torch.no_grad():
@@ -258,8 +259,8 @@ def test_a_decoder_classifier_reads_the_last_token_before_the_padding(tmp_path):
 def test_hub_code_loads_a_decoder_from_a_local_folder(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memsweep.run import model
     from memsweep.config.schema import ModelConf, ModelSource
+    from memsweep.run import model
 
     folder = tmp_path / "llama"
     tiny = ModelConf(source=ModelSource.tiny, architecture="llama", hidden_size=32, num_layers=2, num_heads=4,
@@ -285,7 +286,7 @@ def test_hub_code_loads_a_decoder_from_a_local_folder(tmp_path):
 
 
 def test_int8_lora_with_fsdp_is_refused_with_its_reason(tmp_path):
-    from memsweep.config import rules
+    from memsweep.techniques import rules
 
     res = run_job(LLAMA + ["lora=int8", "fsdp=full_shard"], tmp_path)
     reason = next(r.reason for r in rules.RULES if r.name == "int8-with-fsdp")

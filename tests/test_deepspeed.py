@@ -2,6 +2,7 @@
 estimate (the nearest traceable job with ZeRO's per-process buffers, estimate/adjust.py) predicts the
 measured peak."""
 import pytest
+
 from conftest import TINY, run_job, train_logging_every_step
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
@@ -67,7 +68,7 @@ def test_the_adjusted_trace_predicts_the_measured_peak(overrides, tmp_path):
 
 
 def test_the_bucket_keys_reach_deepspeeds_config():
-    from memsweep.estimate.__main__ import compose
+    from memsweep.app.estimate import compose
     from memsweep.techniques.deepspeed import ds_config
 
     def zero(*overrides):
@@ -83,7 +84,6 @@ def test_the_bucket_keys_reach_deepspeeds_config():
 def test_on_a_gpu_zero_offload_keeps_the_optimizers_state_and_step_on_the_host(stage):
     # CPUAdam steps the partition on the host: on the GPU neither its state nor its step's temporaries
     from conftest import job_of
-
     from memsweep.estimate.core import estimate_job
 
     est = {o: estimate_job(*job_of(TINY + ["hardware=a100_40gb", "batch_size=4", "precision=bf16",

@@ -9,6 +9,7 @@ jobs check the estimate of each rank's peak.
 import re
 
 import pytest
+
 from conftest import run_job
 
 pytestmark = pytest.mark.slow  # every test starts ranks in fresh processes (torchrun or submitit)
@@ -120,7 +121,6 @@ def test_a_rank_that_runs_out_of_memory_makes_the_job_oom_with_its_reason(tmp_pa
 def test_the_rank_that_failed_gives_the_jobs_status_not_the_ranks_torchrun_stopped_after_it(tmp_path, monkeypatch):
     # rank 1 runs out of memory; torchrun then stops rank 0, which ends interrupted: the job is oom for rank 1's reason
     from conftest import job_of
-
     from memsweep.run import launch, rank, results
 
     def ranks_end(job, job_dir):
@@ -143,7 +143,6 @@ def test_slurm_style_tasks_run_the_ranks_instead_of_torchrun(tmp_path):
     import sys
 
     from conftest import ROOT
-
     from memsweep.run import results
 
     sweep = tmp_path / "sweep"
@@ -165,7 +164,6 @@ def test_two_nodes_joined_by_torchrun_train_the_two_process_job(tmp_path, one_no
     import sys
 
     from conftest import ROOT
-
     from memsweep.run import procenv, results
 
     nodes = ["distributed.nodes=2", "distributed.nproc=1", f"distributed.rdzv_endpoint=127.0.0.1:{procenv.free_port()}"]

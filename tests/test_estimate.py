@@ -7,13 +7,13 @@ written into the test.
 import json
 
 import pytest
-from conftest import THREADS, compose_config, job_of
 
-from memsweep.run import results
-from memsweep.sweep import sweepdir
-from memsweep.estimate import __main__ as cli
-from memsweep.estimate import autofit, core, table
+from conftest import THREADS, compose_config, job_of
+from memsweep.app import estimate as cli
 from memsweep.errors import Unsupported
+from memsweep.estimate import autofit, core
+from memsweep.run import results
+from memsweep.sweep import estimates, sweepdir
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
 pytestmark = pytest.mark.xdist_group("estimate")
@@ -31,7 +31,7 @@ EIGHT_BIT = ["precision=fp32", "optim=adamw_8bit", "checkpointing=none"]
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """(overrides, real results) for every row: each real job stores its own estimate, made before training."""
-    from memsweep.run.job import run
+    from memsweep.app.job import run
 
     rows = []
     for n, overrides in enumerate(GRID + [EIGHT_BIT]):
@@ -148,7 +148,7 @@ def test_hub_model_on_a_gpu_profile_offline(tmp_path, capsys):
         assert est["step_time_s"] == pytest.approx(est["flops_per_step"] / 65e12)  # fp16 peak of a T4
     # 8-bit states: less optimizer memory than AdamW's two fp32 moments
     assert adamw_8bit["optimizer_bytes"] < 0.6 * adamw["optimizer_bytes"]
-    written = (out / table.SWEEP_TABLE).read_text()
+    written = (out / estimates.SWEEP_TABLE).read_text()
     rows = markdown_rows(written)
     assert [r["fits"] for r in rows] == ["yes", "yes", "", ""]
     assert all(r["method"].startswith("unsupported: bf16-unsupported") for r in rows[2:])
@@ -202,7 +202,7 @@ def test_accumulation_can_raise_the_peak_when_the_optimizer_state_is_small():
 def test_an_estimate_that_cannot_be_made_is_recorded_not_raised():
     # an architecture transformers does not know: the error says which
     job, profile = job_of(["model=tiny", "model.architecture=nosuchmodel"])
-    est = core.for_job(job, profile)
+    est = core.estimate_beside_training(job, profile)
     assert est["method"] is None and "nosuchmodel" in est["error"]
 
 

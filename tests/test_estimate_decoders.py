@@ -5,8 +5,8 @@ recorded allocations (what the allocator model and the adjustments read) against
 Every comparison is with a figure computed here, never one written into the test.
 """
 import pytest
-from conftest import THREADS, job_of, run_job
 
+from conftest import THREADS, job_of, run_job
 from memsweep.estimate import core
 
 MODELS = ["tiny-llama", "tiny-qwen2", "tiny-gpt2"]
@@ -32,11 +32,11 @@ def quantization_state_bytes(overrides) -> int:
     holds them), the ledger does not (neither parameters nor buffers)."""
     from memsweep.estimate import fake, meta
     from memsweep.estimate.capture import quantization_state
-    from memsweep.run.plan import build_plan
+    from memsweep.run.setup import build_setup
 
     job, profile = job_of(overrides)
-    plan = build_plan(job, profile)
-    with fake.on_fake_tensors(meta.traced_model(job, plan), plan, profile) as model:
+    setup = build_setup(job, profile)
+    with fake.on_fake_tensors(meta.traced_model(job, setup), setup, profile) as model:
         tensors = {id(t): t for p in model.parameters() for t in quantization_state(p)}
         return sum(t.untyped_storage().nbytes() for t in tensors.values())
 

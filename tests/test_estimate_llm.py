@@ -1,17 +1,17 @@
 """make estimate-llm in small: a decoder's technique combinations estimated once per device and set
-against each GPU in one table (python -m memsweep.estimate --grid ... --by hardware), and the one-line
+against each GPU in one table (python -m memsweep.app.estimate --grid ... --by hardware), and the one-line
 messages for a model or architecture that does not exist."""
 import json
 
 import pytest
-from conftest import job_of
 
-from memsweep.sweep import sweepdir
+from conftest import job_of
+from memsweep.app import estimate as cli
 from memsweep.errors import ConfigError
-from memsweep.estimate import __main__ as cli
-from memsweep.estimate import core, table
+from memsweep.estimate import core
 from memsweep.estimate.meta import model_config, traced_model
-from memsweep.run.plan import build_plan
+from memsweep.run.setup import build_setup
+from memsweep.sweep import estimates, sweepdir
 
 GIB = 2**30
 
@@ -30,7 +30,7 @@ def test_llama_combinations_per_gpu(tmp_path, capsys):
     assert code == 0  # a rule's refusal (bf16 on a T4) is no failure
     printed = capsys.readouterr().out
     written = (out / "estimate-by-hardware.md").read_text()
-    assert written in printed and (out / table.SWEEP_TABLE).is_file()
+    assert written in printed and (out / estimates.SWEEP_TABLE).is_file()
     rows = markdown_rows(written)
     parts = ("fits", "margin GiB", "used GiB", "ms/step")
     assert list(rows[0]) == ["lora", "method"] + [f"{gpu} {p}" for gpu in ("t4", "rtx4090") for p in parts]
@@ -81,8 +81,8 @@ def test_mixed_precision_keeps_fp32_weights_of_a_bf16_checkpoint():
     # trains fp32 master weights all the same, bf16_true trains the bf16 ones
     for precision, dtype in (("bf16", "torch.float32"), ("fp32", "torch.float32"), ("bf16_true", "torch.bfloat16")):
         job, profile = job_of(["task=causal_lm", "model=llama-3.2-1b", f"precision={precision}"])
-        plan = build_plan(job, profile)
-        model = traced_model(job, plan)
+        setup = build_setup(job, profile)
+        model = traced_model(job, setup)
         assert {str(p.dtype) for p in model.parameters()} == {dtype}, precision
 
 

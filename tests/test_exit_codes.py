@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, run_job
 
-from memsweep.run import train_loop
+from conftest import ROOT, TINY, run_job
 from memsweep.errors import EXIT_CODES
+from memsweep.run import train_loop
 
 CASES = {
     "bad input": ["batch_size=0"],

@@ -1,5 +1,6 @@
 """freezing: what is trainable, what the gradients weigh, and the frozen-encoder + checkpointing trap."""
 import pytest
+
 from conftest import TINY, build_job
 
 

@@ -3,12 +3,12 @@ process like plain PyTorch, offload is generated for GPUs and refused here by a 
 import os
 
 import pytest
-from conftest import TINY, compose_config, job_of, run_job, train_logging_every_step
 from omegaconf import OmegaConf
 
+from conftest import TINY, compose_config, job_of, run_job, train_logging_every_step
 from memsweep.config import hardware
 from memsweep.run import procenv
-from memsweep.run.plan import build_plan
+from memsweep.run.setup import build_setup
 from memsweep.run.train_loop import release, training_arguments
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
@@ -18,9 +18,9 @@ EXACT = TINY + ["model.dropout=0", "max_steps=4", "measure.ledger=false"]
 WORD_EMBEDDING_BYTES = 30522 * 64 * 4  # model=tiny: vocab x hidden, fp32
 
 
-def _plan(overrides):
+def _setup(overrides):
     job = OmegaConf.to_object(compose_config(TINY + overrides))
-    return job, build_plan(job, hardware.detect(job.hardware))
+    return job, build_setup(job, hardware.detect(job.hardware))
 
 
 @pytest.mark.parametrize("option, reshard, offload", [("full_shard", True, False), ("shard_grad_op", False, False),
@@ -29,13 +29,13 @@ def test_each_option_becomes_trainers_fsdp2_plugin(tmp_path, option, reshard, of
     from accelerate.utils import FullyShardedDataParallelPlugin
     from torch.distributed.fsdp import CPUOffloadPolicy
 
-    job, plan = _plan([f"fsdp={option}"])
+    job, setup = _setup([f"fsdp={option}"])
     # building the plan changes nothing in the process; the job enters a group of one as it builds
-    assert plan.process_group and "WORLD_SIZE" not in os.environ
+    assert setup.process_group and "WORLD_SIZE" not in os.environ
     try:
         procenv.enter_group_of_one()
         assert os.environ["WORLD_SIZE"] == "1"  # a one-process group, as DeepSpeed gets
-        args = training_arguments(job, plan, tmp_path)
+        args = training_arguments(job, setup, tmp_path)
         plugin_args = args.fsdp_plugin_args
         assert plugin_args["fsdp_version"] == 2 and plugin_args["reshard_after_forward"] is reshard
         assert plugin_args.get("cpu_offload", False) is offload
@@ -47,17 +47,17 @@ def test_each_option_becomes_trainers_fsdp2_plugin(tmp_path, option, reshard, of
 
 
 def test_no_fsdp_leaves_trainer_arguments_alone():
-    _, plan = _plan([])
-    assert "fsdp" not in plan.args and "fsdp_config" not in plan.args
+    _, setup = _setup([])
+    assert "fsdp" not in setup.args and "fsdp_config" not in setup.args
 
 
 def test_the_encoder_layer_is_the_wrapped_unit(tmp_path):
     try:
-        job, plan = _plan(["fsdp=full_shard"])
+        job, setup = _setup(["fsdp=full_shard"])
         from memsweep.run import model as model_mod
 
-        plan.transform(model_mod.load_model(job.model, 2, plan.load_kwargs))
-        assert plan.args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["BertLayer"]
+        setup.transform(model_mod.load_model(job.model, 2, setup.load_kwargs))
+        assert setup.args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["BertLayer"]
     finally:
         procenv.teardown()
 

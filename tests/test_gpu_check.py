@@ -4,11 +4,11 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check  # noqa: E402
-
 from memsweep.sweep.sweepdir import SweepJob  # noqa: E402
 
 GIB = 2**30

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from memsweep.config import hardware
-from memsweep.techniques import precision
 from memsweep.config.schema import HardwareConf
+from memsweep.techniques import precision
 
 
 def fake_gpu(monkeypatch, name: str, gib: float, major: int, bf16: bool, minor: int = 6):
@@ -92,10 +92,9 @@ def test_an_emulated_precision_warns_once_and_is_recorded(native, tmp_path, caps
 def test_the_sweep_summary_marks_emulated_times(tmp_path):
     import json
 
-    from test_report import make_sweep, ok_results
-
-    from memsweep.sweep import report
     from memsweep.run import results
+    from memsweep.sweep import report
+    from test_report import make_sweep, ok_results
 
     sweep = make_sweep(tmp_path / "sweep", {0: (1.0, 100.0, 0.85), 1: (0.75, 500.0, 0.84)},
                        grid=["precision=fp32,bf16", "model=tiny"])

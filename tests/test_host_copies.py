@@ -1,11 +1,11 @@
 """Optimizer offload's copies over the host link: the bytes each engine copies per step and what the step waits
 for them (estimate/host_copies.py, roofline.step_time)."""
 import pytest
-from conftest import job_of
 
+from conftest import job_of
 from memsweep.estimate import host_copies
 from memsweep.estimate.core import estimate_job
-from memsweep.run.plan import build_plan
+from memsweep.run.setup import build_setup
 
 LLAMA = ["task=causal_lm", "model=tiny-llama", "batch_size=16", "max_seq_len=128", "hardware=a100_40gb"]
 P, T = 1_000_000, 250_000  # parameters, trainable ones
@@ -13,7 +13,7 @@ P, T = 1_000_000, 250_000  # parameters, trainable ones
 
 def copied(*extra) -> tuple[host_copies.Volume, bool]:
     job, profile = job_of(LLAMA + list(extra))
-    return host_copies.volume(build_plan(job, profile), P, T)
+    return host_copies.volume(build_setup(job, profile), P, T)
 
 
 def test_each_offload_copies_what_its_engine_moves_per_step():
@@ -34,19 +34,19 @@ def test_each_offload_copies_what_its_engine_moves_per_step():
     assert copied("precision=bf16", "fsdp=full_shard_offload", "distributed.nproc=4", "accumulation=x4") == (
         host_copies.Volume(overlapped=4 * 2 * P / 4 * 4), True)
     cpu, _ = job_of(["task=causal_lm", "model=tiny-llama", "precision=bf16", "deepspeed=zero2_offload"])
-    assert host_copies.volume(build_plan(cpu, _), P, T)[0].total == 0  # the CPU is the host
+    assert host_copies.volume(build_setup(cpu, _), P, T)[0].total == 0  # the CPU is the host
 
 
 def test_the_step_waits_for_the_copies_beyond_the_backward_they_overlap_and_for_those_after_it():
     job, profile = job_of(LLAMA + ["precision=bf16_true", "offload=optimizer", "accumulation=x4"])
-    plan, link = build_plan(job, profile), 10.0  # bytes a second
+    setup, link = build_setup(job, profile), 10.0  # bytes a second
     traced = {"total_params": P, "trainable_params": T}
-    hidden = host_copies.waited(traced, plan, link, forward_s=1e9, backward_s=4 * T * 2 / link)
+    hidden = host_copies.waited(traced, setup, link, forward_s=1e9, backward_s=4 * T * 2 / link)
     assert hidden == {"host_copy_bytes": 5 * T * 2, "host_copies_s": 5 * T * 2 / link,
                       "host_copies_waited_s": T * 2 / link}  # only the copies back
-    longer = host_copies.waited(traced, plan, link, forward_s=1e9, backward_s=T * 2 / link)
+    longer = host_copies.waited(traced, setup, link, forward_s=1e9, backward_s=T * 2 / link)
     assert longer["host_copies_waited_s"] == pytest.approx((3 + 1) * T * 2 / link)  # forward hides none of torchao's
-    assert host_copies.waited(traced, plan, None, 0, 0) == {"host_copy_bytes": 5 * T * 2}  # no link: bytes only
+    assert host_copies.waited(traced, setup, None, 0, 0) == {"host_copy_bytes": 5 * T * 2}  # no link: bytes only
 
 
 def test_an_offloaded_steps_copies_are_timed_and_its_host_step_is_said_to_be_left_out():

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 
 # One small layer under MiniLM's 47 MB word embeddings: its gradient is made and freed every step,
@@ -44,7 +45,7 @@ def test_a_later_job_is_told_what_the_process_runs_with(tiny_job, tmp_path):
 BLOCKS_MADE_AND_FREED = """
 import sys, torch
 from memsweep.measure import memcap
-from memsweep.run import host_memory
+from memsweep.measure import host_memory
 MiB = 2**20
 def make_and_free():
     for n in range(1, 9):

@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, TINY, build_job, run_job
-from wandb_records import find_run_file, run_contents
 
+from conftest import ROOT, TINY, build_job, run_job
 from memsweep.run import results
+from wandb_records import find_run_file, run_contents
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
 pytestmark = pytest.mark.xdist_group("job")
@@ -128,8 +128,8 @@ def test_online_without_a_server_falls_back_to_offline_fast(tmp_path, monkeypatc
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # closed port on loopback
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    from memsweep.sweep import wandb_log
     from memsweep.config.schema import LoggerConf
+    from memsweep.sweep import wandb_log
 
     started = time.perf_counter()
     run = wandb_log.start(LoggerConf(init_timeout_s=5), tmp_path, group="g", name="n", job_type="train",

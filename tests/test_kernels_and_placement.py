@@ -2,8 +2,8 @@
 from types import SimpleNamespace
 
 import pytest
-from conftest import TINY, build_job, compose_config
 
+from conftest import TINY, build_job, compose_config
 from memsweep.config import hardware
 from memsweep.config.schema import HardwareConf
 

@@ -1,5 +1,6 @@
 """experiment=ladder: each row adds a technique; the measured peak never rises, and ends near the weights alone."""
 import pytest
+
 from conftest import ROOT, run_job
 
 pytestmark = pytest.mark.slow  # seven MiniLM jobs

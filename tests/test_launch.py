@@ -4,8 +4,8 @@ Slurm sets (simulated here as sbatch would set them for a task)."""
 import os
 
 import pytest
-from conftest import job_of
 
+from conftest import job_of
 from memsweep.errors import ConfigError
 from memsweep.run import launch
 
@@ -67,10 +67,10 @@ def test_a_slurm_job_whose_tasks_are_not_nodes_x_nproc_is_refused(monkeypatch):
 
 
 def test_on_slurm_several_nodes_need_no_rendezvous(monkeypatch):
-    from memsweep.config import validate
+    from memsweep.run import inputs
 
     job = job_of(["model=tiny", "distributed.nodes=2"])[0]
     with pytest.raises(ConfigError, match="distributed.rdzv_endpoint"):
-        validate.rendezvous(job)
+        inputs.rendezvous(job)
     slurm_task(monkeypatch, procid=0, localid=0, nodeid=0, ntasks=2, nodes=2, nodelist="n[1-2]")
-    validate.rendezvous(job)  # Slurm's node list names the master
+    inputs.rendezvous(job)  # Slurm's node list names the master

@@ -2,12 +2,12 @@
 source; a job records the lr it ran with (observed on its optimizer) and where it came from; the summary says
 when its jobs used different learning rates."""
 import pytest
-from conftest import ROOT, THREADS, compose_config, run_job
 from omegaconf import OmegaConf
-from test_report import make_sweep
 
+from conftest import ROOT, THREADS, compose_config, run_job
 from memsweep.run import results
 from memsweep.sweep import report
+from test_report import make_sweep
 
 # Rows whose technique changes what trains (adapters, a frozen encoder, the optimizer's state or rule).
 PRESETS = {"ladder": ["4_adafactor", "5_frozen_encoder", "6_lora"],

@@ -1,5 +1,6 @@
 """lora: trainable share, and the quantized bases (4-bit NF4, 8-bit LLM.int8) really stored quantized."""
 import torch
+
 from conftest import TINY, build_job
 
 
@@ -69,8 +70,8 @@ def test_qlora_double_quantizes_its_block_scales_and_computes_in_the_precisions_
 
 def test_double_quantization_trains_and_applies_to_4_bit_weights_only(tiny_job):
     import pytest
-    from conftest import job_of
 
+    from conftest import job_of
     from memsweep.config import validate
     from memsweep.errors import ConfigError
 

@@ -5,8 +5,8 @@ import inspect
 import pytest
 import torch
 from torch import nn
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed._tools import mod_tracker
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed._tools.mod_tracker import ModTracker
 
 from memsweep.measure.ledger import CATEGORIES, LedgerTracker, _NoHook

@@ -3,9 +3,9 @@ import time
 
 import pytest
 
-from memsweep.run import model, packaged
-from memsweep.errors import ConfigError
 from memsweep.config.schema import ModelConf, ModelSource
+from memsweep.errors import ConfigError
+from memsweep.run import model, packaged
 
 
 def test_embedded_minilm_is_the_pretrained_22m_model():

@@ -1,8 +1,8 @@
 """offload: what each option keeps in host memory, in the real job's optimizer and in the estimate."""
 import pytest
 import torch
-from conftest import TINY, build_job, job_of
 
+from conftest import TINY, build_job, job_of
 from memsweep.estimate.core import estimate_job
 from memsweep.techniques import offload
 
@@ -127,7 +127,6 @@ def test_on_a_gpu_an_offloaded_job_leaves_no_model_behind(tmp_path, monkeypatch)
     import weakref
 
     from conftest import run_job
-
     from memsweep.run import model as model_mod
 
     loaded, load = [], model_mod.load_model

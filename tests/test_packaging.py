@@ -3,6 +3,7 @@ import re
 import tomllib
 
 import yaml
+
 from conftest import ROOT
 
 

@@ -94,7 +94,6 @@ def test_the_estimates_upper_reserved_never_falls_over_a_grid():
 
 def test_the_estimate_says_its_upper_figure_holds_for_steps_at_max_seq_len():
     from conftest import job_of
-
     from memsweep.estimate.core import estimate_job
 
     def says(*overrides: str) -> bool:

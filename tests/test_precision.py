@@ -1,5 +1,6 @@
 """precision: the observed compute dtype, and what it does to measured bytes."""
 import pytest
+
 from conftest import status
 
 SEQ = ["max_steps=2", "max_seq_len=128"]

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, THREADS, TINY, run_job
 
+from conftest import ROOT, THREADS, TINY, run_job
 from memsweep.measure import eta, progress
 
 # Tiny jobs with enough steps and eval batches that printing every one would exceed a line per tenth.
@@ -76,8 +76,8 @@ def test_durations_read_as_a_person_says_them():
 def test_a_sweeps_size_and_eta_come_from_its_grid_and_its_finished_jobs(capsys, tmp_path):
     from omegaconf import OmegaConf
 
+    from memsweep.app.callbacks import JobProgress
     from memsweep.sweep import sweepdir
-    from memsweep.sweep.callbacks import JobProgress
 
     basic_sweeper = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
     basic = OmegaConf.create({"hydra": {"sweeper": {"_target_": basic_sweeper, "params": {"optim": "adamw,sgd"}},

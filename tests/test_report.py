@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 from omegaconf import OmegaConf
-from wandb_records import wait_for_run
 
-from memsweep.sweep import report
+from memsweep.app.callbacks import SweepReport
 from memsweep.run import results
+from memsweep.sweep import report
 from memsweep.sweep import sweepdir as sweep_mod
-from memsweep.sweep.callbacks import SweepReport
+from wandb_records import wait_for_run
 
 GIB = 2**30
 GRID = ["precision=fp32,bf16", "optim=adamw,sgd,adafactor", "model=tiny"]

@@ -6,13 +6,13 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from conftest import job_of, run_job
 from torch.utils.flop_counter import FlopCounterMode
 
+from conftest import job_of, run_job
 from memsweep.config.hardware import load_profile
 from memsweep.estimate import host_cost, meta, op_record, roofline, step, table, trace
 from memsweep.estimate.core import estimate_job
-from memsweep.run.plan import build_plan
+from memsweep.run.setup import build_setup
 
 # the blocks outweigh the embeddings and head here, so recomputing them shows
 LLAMA = ["task=causal_lm", "model=tiny-llama", "batch_size=4", "max_seq_len=128", "hardware=a100_40gb",
@@ -156,7 +156,7 @@ def test_on_a_cpu_each_micro_batch_costs_the_host_trainers_walks_over_every_modu
     t, with_adapters = (estimate_job(*job).step_time for job in (plain, lora))
     # the modules Trainer walks: the model's as the job builds it, adapters included
     job, profile = plain
-    assert t["modules_walked"] == sum(1 for _ in traced_model(job, build_plan(job, profile)).modules()) > 0
+    assert t["modules_walked"] == sum(1 for _ in traced_model(job, build_setup(job, profile)).modules()) > 0
     assert with_adapters["modules_walked"] > t["modules_walked"]
     # each of the 4 micro-batches walks them all once for model.train() and once for floating_point_ops
     rates = roofline.rates_of(profile, "fp32")
@@ -223,10 +223,10 @@ def test_step_time_adds_accumulation_the_optimizer_and_offload_copies():
     # micro-batches 2-4 each add their gradients into the first's: one add per trainable parameter, reading two
     # gradients and writing one, at the card's bandwidth
     from memsweep.estimate.meta import traced_model
-    from memsweep.run.plan import build_plan
+    from memsweep.run.setup import build_setup
 
     job, profile = job_of(LLAMA + ["precision=bf16_true", "batch_size=16", "accumulation=x4"])
-    trainable = [p for p in traced_model(job, build_plan(job, profile)).parameters() if p.requires_grad]
+    trainable = [p for p in traced_model(job, build_setup(job, profile)).parameters() if p.requires_grad]
     assert t["ops_accumulating"] == len(trainable) and one.step_time["accumulate_s"] == 0
     rates, moved = roofline.rates_of(profile, "bf16"), 3 * 3 * 2 * four.trainable_params  # 3 adds of 3 bf16 reads/writes
     floor = 3 * len(trainable) * roofline.KERNEL_MIN_S  # the smallest (a norm's weight) take a kernel's least
@@ -341,12 +341,12 @@ def test_the_trace_counts_the_flops_flop_counter_mode_counts():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=8",
                      "accumulation=x4", "checkpointing=full", "precision=bf16", "lora=r8"])
     profile = load_profile("a100_40gb")
-    plan, est = build_plan(job, profile), estimate_job(job, profile)
-    with trace.fake_job(job, plan, profile, meta.traced_model(job, plan)) as model, \
+    setup, est = build_setup(job, profile), estimate_job(job, profile)
+    with trace.fake_job(job, setup, profile, meta.traced_model(job, setup)) as model, \
             FlopCounterMode(display=False) as counter:
-        step.training_step(model, None, [step.fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)],
-                           plan)
-    assert est.flops_per_step == counter.get_total_flops() * plan.accumulation_steps > 0
+        step.training_step(model, None, [step.fake_batch(model, setup.micro_batch_size, job.max_seq_len, setup.task)],
+                           setup)
+    assert est.flops_per_step == counter.get_total_flops() * setup.accumulation_steps > 0
 
 
 def test_a_cpus_dropout_takes_its_random_draws_at_the_rate_this_cpu_draws_them():
@@ -368,8 +368,7 @@ def test_a_cpus_dropout_takes_its_random_draws_at_the_rate_this_cpu_draws_them()
 
 def test_a_cpu_pages_in_each_large_tensor_a_step_makes_where_freed_memory_goes_back(monkeypatch):
     from memsweep.estimate import capture
-    from memsweep.measure import peak
-    from memsweep.run import host_memory
+    from memsweep.measure import host_memory, peak
 
     big = host_memory.MMAP_THRESHOLD_MAX + 4096
     events = [("alloc", "weights", big),  # alive before the step: no tensor the step makes

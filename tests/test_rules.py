@@ -1,9 +1,9 @@
 """The rule table: each combination that cannot run ends as `unsupported` with its reason, before any work."""
 import pytest
-from conftest import TINY, job_of, run_job
 
-from memsweep.config import rules
+from conftest import TINY, job_of, run_job
 from memsweep.errors import Unsupported
+from memsweep.techniques import rules
 
 CASES = {
     "bf16-unsupported": ["hardware=t4", "precision=bf16"],
@@ -45,9 +45,9 @@ def test_rule_refuses_with_its_reason(tmp_path, name):
 
 def test_fp64_meets_bitsandbytes_optimizers_only_where_their_kernels_take_it():
     # bitsandbytes' CPU optimizer steps fp64 gradients; its CUDA kernels (backends/cuda/ops.py) take fp32/fp16/bf16
-    rules.check(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=cpu"]))
+    rules.refuse_unsupported(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=cpu"]))
     with pytest.raises(Unsupported, match="^fp64-with-bitsandbytes"):
-        rules.check(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=a100_40gb"]), skip=("no-gpu",))
+        rules.refuse_unsupported(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=a100_40gb"]), skip=("no-gpu",))
 
 
 def test_missing_bitsandbytes_refuses_quantized_lora(tmp_path, monkeypatch):
@@ -60,8 +60,8 @@ def test_missing_torchao_refuses_its_low_bit_optimizers_only(tmp_path, monkeypat
     monkeypatch.setattr(rules, "_installed", lambda module: module != "torchao")
     for optim in ("adamw_torch_8bit", "adamw_torch_4bit"):
         with pytest.raises(Unsupported, match="^torchao-missing"):
-            rules.check(*job_of(TINY + [f"optim={optim}"]))
-    rules.check(*job_of(TINY + ["optim=adamw_8bit"]))  # bitsandbytes' 8-bit AdamW needs no torchao
+            rules.refuse_unsupported(*job_of(TINY + [f"optim={optim}"]))
+    rules.refuse_unsupported(*job_of(TINY + ["optim=adamw_8bit"]))  # bitsandbytes' 8-bit AdamW needs no torchao
 
 
 def test_offload_without_the_prebuilt_cpu_adam_op_is_refused(tmp_path, monkeypatch):

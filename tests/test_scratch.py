@@ -7,7 +7,6 @@ import pickle
 from pathlib import Path
 
 from conftest import TINY
-
 from memsweep.estimate.scratch import Gpu, reduction_scratch
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_snapshots" / "h200_bert_run.pickle.xz"
@@ -59,8 +58,8 @@ def test_the_split_depends_on_the_gpu_and_on_the_size():
 
 
 def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
+    from memsweep.app.estimate import compose
     from memsweep.config.hardware import load_profile
-    from memsweep.estimate.__main__ import compose
     from memsweep.estimate.core import estimate_job
     from memsweep.estimate.trace import PER_GPU
 
@@ -81,8 +80,8 @@ def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
 
 
 def test_a_trace_made_on_a_hopper_gpu_reads_on_an_ampere_one_with_its_smaller_cublas_workspaces():
+    from memsweep.app.estimate import compose
     from memsweep.config.hardware import load_profile
-    from memsweep.estimate.__main__ import compose
     from memsweep.estimate.core import estimate_job
     from memsweep.estimate.trace import workspace_bytes
 
@@ -100,8 +99,8 @@ def test_a_trace_made_on_a_hopper_gpu_reads_on_an_ampere_one_with_its_smaller_cu
 def test_an_adjusted_trace_is_made_for_each_gpu():
     # ZeRO-2 is traced as its nearest job and adjusted; those events are not kept, so a T4 cannot reuse
     # the A100's reading: asked in one memo, the T4 gets what it gets alone
+    from memsweep.app.estimate import compose
     from memsweep.config.hardware import load_profile
-    from memsweep.estimate.__main__ import compose
     from memsweep.estimate.core import estimate_job
 
     job = compose(TINY + ["model.hidden_size=256", "model.intermediate_size=1024", "batch_size=32",

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, TINY
 
+from conftest import ROOT, TINY
 from memsweep.config.schema import SearchConf
 from memsweep.sweep.search import objective
 
@@ -64,7 +64,8 @@ def test_the_search_optimises_the_tasks_metric_in_its_direction(args, metric, di
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from memsweep.sweep.search import metric as metric_of, register_resolver
+    from memsweep.sweep.search import metric as metric_of
+    from memsweep.sweep.search import register_resolver
 
     register_resolver()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

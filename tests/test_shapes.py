@@ -4,17 +4,17 @@ data.pad_to_multiple_of pads the batches."""
 import json
 
 import pytest
-from conftest import TINY, build_job, run_job
-from test_report import make_sweep, ok_results
 
-from memsweep.sweep import report
-from memsweep.run import results
-from memsweep.measure import shapes
-from memsweep.estimate.table import sweep_table
-from memsweep.sweep.sweepdir import SweepJob
-from memsweep.run.job import print_summary
+from conftest import TINY, build_job, run_job
+from memsweep.app.job import print_summary
 from memsweep.config.schema import HardwareConf
+from memsweep.measure import shapes
+from memsweep.run import results
 from memsweep.run.train_loop import release
+from memsweep.sweep import report
+from memsweep.sweep.estimates import sweep_table
+from memsweep.sweep.sweepdir import SweepJob
+from test_report import make_sweep, ok_results
 
 T4 = HardwareConf(name="t4", device="cuda", tensor_core_multiple=8)
 A100 = HardwareConf(name="a100_40gb", device="cuda", tensor_core_multiple=64)
@@ -127,7 +127,8 @@ def test_a_cpu_sweep_summary_has_no_shape_column(tmp_path):
 
 @pytest.mark.parametrize("value", [0, -8])
 def test_pad_to_multiple_of_must_be_positive(value):
+    from memsweep.config.validate import check_padding
     from memsweep.errors import ConfigError
 
     with pytest.raises(ConfigError, match="data.pad_to_multiple_of"):
-        shapes.check_padding(64, value)
+        check_padding(64, value)

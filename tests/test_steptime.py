@@ -2,8 +2,8 @@
 import traceback
 
 import torch
-from conftest import TINY, build_job
 
+from conftest import TINY, build_job
 from memsweep.measure.steptime import step_summary
 
 

@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_job
-from wandb_records import find_run_file, records, run_contents
 
-from memsweep.run import stopping
+from conftest import ROOT, TINY, run_job
 from memsweep.errors import EXIT_CODES, KEPT_ON_RESUME, STATUSES, Interrupted, exit_code, interrupted, outcome
-from memsweep.run import results, train_loop, trainer
+from memsweep.run import results, stopping, train_loop, trainer
 from memsweep.sweep import resume, sweepdir
+from wandb_records import find_run_file, records, run_contents
 
 ENV = {**os.environ, "WANDB_MODE": "offline"}
 WITH_WANDB = [o for o in TINY if o != "logger=none"]
@@ -187,7 +186,7 @@ def test_resume_keeps_measurements_and_runs_stopped_jobs_again(status, tmp_path)
 
 
 def test_the_estimate_cli_stops_after_the_estimate_in_progress(tmp_path, monkeypatch):
-    from memsweep.estimate import __main__ as cli
+    from memsweep.app import estimate as cli
 
     calls = []
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, THREADS, TINY, run_job
 from hydra import compose, initialize_config_dir
-from wandb_records import find_run_file, run_contents
 
-from memsweep.sweep import report, sweepdir
+from conftest import ROOT, THREADS, TINY, run_job
 from memsweep.run import results
+from memsweep.sweep import report, sweepdir
+from wandb_records import find_run_file, run_contents
 
 ENV = {**os.environ, "WANDB_MODE": "offline"}
 WITH_WANDB = [o for o in TINY if o != "logger=none"]

@@ -3,10 +3,10 @@ key and what is allowed, with exit code 2 and a `failed: bad input` result; in a
 row and the sweep goes on."""
 
 import pytest
-from conftest import ROOT, TINY, run_job
-from surfaces import assert_refused, estimate_cli, no_work, refusal, search_start, train_py  # noqa: F401 - a fixture
 
+from conftest import ROOT, TINY, run_job
 from memsweep.run import model
+from surfaces import assert_refused, estimate_cli, no_work, refusal, search_start, train_py  # noqa: F401 - a fixture
 
 README = str(ROOT / "README.md")
 

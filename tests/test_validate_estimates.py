@@ -2,9 +2,9 @@
 read on the source's own counter, and the errors are computed against the published figure."""
 import sys
 
+import pytest
 import yaml
 
-import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -196,7 +196,6 @@ def test_a_timed_loops_stated_validation_passes_are_predicted_beside_its_steps()
 
 def test_a_forward_alone_is_the_steps_forward_ops_as_the_queue_runs_them():
     from conftest import job_of
-
     from memsweep.estimate.core import estimate_job
 
     for hardware in ("a100_40gb", "cpu"):
@@ -207,6 +206,7 @@ def test_a_forward_alone_is_the_steps_forward_ops_as_the_queue_runs_them():
 
 def test_a_ladders_predicted_order_by_time_is_its_rank_correlation_with_the_published_order():
     import pandas as pd
+
     import published_time as pt
 
     frame = pd.DataFrame({"table": ["a"] * 4 + ["b"] * 2, "published s/step": [1.0, 2.0, 3.0, 4.0, 1.0, 2.0],
@@ -329,9 +329,9 @@ def test_a_script_zeroing_gradients_after_the_forward_holds_the_last_steps_throu
 
 def test_fsdp1_before_its_rate_limiter_gives_back_unsharded_buffers_only_after_the_micro_batch():
     import older_libraries as older
+    from memsweep.app.estimate import compose
     from memsweep.config import hardware
-    from memsweep.estimate.__main__ import compose
-    from memsweep.estimate.core import build_plan, traced_step
+    from memsweep.estimate.core import build_setup, traced_step
 
     vit, rows = table_and_rows("rasbt_vit_l16_cifar10_memory_ladder")
     assert [label[:2] for label, row in rows.items() if older.FSDP1_UNLIMITED in older.adjustments(vit, row)] == [
@@ -341,9 +341,9 @@ def test_fsdp1_before_its_rate_limiter_gives_back_unsharded_buffers_only_after_t
     job = compose(["model=tiny", "hardware=a100_40gb", "batch_size=8", "max_seq_len=128", "precision=fp32",
                    "optim=adamw_torch", "distributed.nproc=2", "fsdp=full_shard", "checkpointing=full"])
     profile = hardware.detect(job.hardware)
-    now = traced_step(job, profile, build_plan(job, profile))
+    now = traced_step(job, profile, build_setup(job, profile))
     with older.stepping_as([older.FSDP1_UNLIMITED]):
-        then = traced_step(job, profile, build_plan(job, profile))
+        then = traced_step(job, profile, build_setup(job, profile))
     requested = [e[1] for e in then["events"] if e[0] == "free_requested"]
     end, step = then["events"].index(("mark", "end")), then["events"].index(("mark", "step"))
     completed = [e[1] for e in then["events"][step:end] if e[0] == "free_completed"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import THREADS, build_job, job_of, run_job
-from surfaces import assert_refused, no_work, refusal, train_py  # noqa: F401 - a fixture
 
+from conftest import THREADS, build_job, job_of, run_job
 from memsweep.estimate import core
+from surfaces import assert_refused, no_work, refusal, train_py  # noqa: F401 - a fixture
 
 ARCHS = Path(__file__).resolve().parents[1] / "src" / "memsweep" / "archs"
 

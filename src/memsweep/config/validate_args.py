@@ -10,10 +10,11 @@ one line naming the key where Hydra would answer in many lines, or with its lexe
 """
 import dataclasses
 import re
+import types
 import typing
 import unicodedata
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import ConfigError
 from .schema import CONF_DIR, Config
@@ -24,7 +25,7 @@ SEPARATORS = ",'_\u00a0\u2009\u202f "
 THOUSANDS = re.compile(r"^[+-]?\d{1,3}([,'_\u00a0\u2009\u202f ]\d{3})+(\.\d*)?$")
 
 
-def arguments(args: list[str], multirun: Optional[bool] = None) -> None:
+def arguments(args: list[str], multirun: bool | None = None) -> None:
     """Every check of the command line, in the order a person reads the messages. `multirun`: whether
     comma lists are sweeps (default: whether the arguments hold -m)."""
     if multirun is None:
@@ -131,8 +132,8 @@ def _numeric(key: str) -> bool:
 
 
 def _plain(tp: Any) -> Any:
-    """`Optional[X]` -> X."""
-    if typing.get_origin(tp) is typing.Union:
+    """`X | None` (or `Optional[X]`) -> X."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         rest = [a for a in typing.get_args(tp) if a is not type(None)]
         return rest[0] if len(rest) == 1 else tp
     return tp
@@ -203,7 +204,7 @@ def _values(override) -> list[Any]:
     return [] if override.is_sweep_override() else [value]  # interval(...), glob(...): the sweeper's
 
 
-def typed(override, multirun: bool, node: Optional[Any] = None) -> None:
+def typed(override, multirun: bool, node: Any | None = None) -> None:
     """A `key=value` as OmegaConf judges it on the typed schema; group selections and Hydra's own keys are
     left to group_options and Hydra."""
     from omegaconf import OmegaConf
@@ -243,7 +244,7 @@ def composition_error(exc: BaseException) -> ConfigError:
                        type(cause).__name__)
 
 
-def _chosen_option(group: str, args: list[str]) -> Optional[str]:
+def _chosen_option(group: str, args: list[str]) -> str | None:
     """The option of a group the command line chooses, else the default of conf/config.yaml."""
     from omegaconf import OmegaConf
 

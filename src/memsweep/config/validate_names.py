@@ -2,8 +2,7 @@
 search's metric and direction against the task.
 
 - `names`: `optim.scheduler` among transformers' SchedulerType, `data.encoding` among Python's text
-  codecs, `distributed.backend` among TrainingArguments' `ddp_backend` choices, the dtypes of
-  `hardware.tflops` among those the precisions compute in (techniques/precision.py);
+  codecs, `distributed.backend` among TrainingArguments' `ddp_backend` choices;
 - `switches`: a key of a group whose option is `none` (schema.Switch) set away from that option's value
   (`lora.quantize=nf4` with `lora=none`): the group would ignore it;
 - `search`: a set `search.metric` the task reports, and a sweeper's direction that does not search for
@@ -11,17 +10,17 @@ search's metric and direction against the task.
 """
 import codecs
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import ConfigError
-from .schema import CONF_DIR, Config, Switch, is_on
+from .choices import METRICS, QUALITY
+from .schema import CONF_DIR, Config, Switch, TaskName, is_on
 
 
 def names(job: Config) -> None:
     _scheduler(job.optim.scheduler)
     _encoding(job.data.encoding)
     _backend(job.distributed.backend)
-    _tflops(job.hardware.tflops)
 
 
 def _scheduler(name: str) -> None:
@@ -55,18 +54,6 @@ def _backend(name: str) -> None:
                                                  f"CPU, nccl on GPUs), {', '.join(choices)} (TrainingArguments.ddp_backend)")
 
 
-def _tflops(rates: dict[str, float]) -> None:
-    from ..techniques.precision import TRAITS
-
-    computes = sorted({t.compute for t in TRAITS.values()})
-    for dtype, rate in rates.items():
-        if dtype not in computes:
-            raise ConfigError(f"hardware.tflops.{dtype}", f"{dtype!r} is not a dtype a precision computes in; "
-                                                          f"allowed: {', '.join(computes)}")
-        if not rate > 0:
-            raise ConfigError(f"hardware.tflops.{dtype}", f"{rate} is not allowed; allowed: a number > 0 (TFLOP/s)")
-
-
 def _off_values(group: str, section: Any) -> Any:
     """The group's keys as its `none` option sets them."""
     from omegaconf import OmegaConf
@@ -93,12 +80,10 @@ def switches(job: Config) -> None:
                                                      f"{'|'.join(options)}) or leave {f.name}.{key} unset")
 
 
-def search(task_name, metric: Optional[str], direction: Optional[str] = None) -> None:
+def search(task_name, metric: str | None, direction: str | None = None) -> None:
     """A set metric the task reports; a direction that looks for the best value of it, not the worst."""
-    from ..run import task
-
-    name = task.TaskName(getattr(task_name, "value", task_name))
-    produced, default = task.METRICS[name], task.QUALITY[name][0]
+    name = TaskName(getattr(task_name, "value", task_name))
+    produced, default = METRICS[name], QUALITY[name][0]
     if metric is not None and metric not in produced:
         raise ConfigError("search.metric", f"{metric!r} is not a metric task={name.value} reports; allowed: "
                                            f"{', '.join(produced)} (null: {default})")

@@ -6,7 +6,7 @@ as real jobs (exact on the CPU), its allocations replayed through a model of the
 on a GPU profile. Where the trace cannot run the job as it is, the answer is the trace of the nearest
 job it can run, adjusted by arithmetic whose mechanism and source are named (adjust.py).
 
-The recipe (core.estimate_job): plan -> model (meta.py: a copy of the job's meta model with the plan's
+The recipe (core.estimate_job): setup -> model (meta.py: a copy of the job's meta model with the setup's
 transforms) -> trace (trace.py, on fake.py's fake tensors, one step as step.py runs it; sharded.py for
 FSDP's fake ranks; capture.py records allocations for allocator.py) or adjust -> device counters -> fit
 (result.Estimate). autofit.py picks a micro-batch, table.py prints and tabulates, __main__.py is the CLI.

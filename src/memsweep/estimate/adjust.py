@@ -43,7 +43,6 @@ step and replayed through the allocator model, so reserved bytes are predicted f
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ..config.schema import Config, DeepspeedConf, FsdpConf, FsdpStrategy, PrecisionConf, PrecisionName
 from . import zero as zero_walk
@@ -57,8 +56,8 @@ class Block:
     name: str
     category: str
     nbytes: int
-    start: Optional[str] = None
-    end: Optional[str] = None
+    start: str | None = None
+    end: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class Adjustment:
     flat_optimizer: bool = False  # the optimizer steps one flat fp32 partition (ZeRO), not the model's weights
     flat_numel: int = 0  # ...of this many values (set by `sized`)
     save_on_host: bool = False  # saved tensors copied to the host (fake.save_on_host)
-    zero: Optional[zero_walk.Settings] = None  # ZeRO-2's gradient path, walked for each rank (zero.py)
+    zero: zero_walk.Settings | None = None  # ZeRO-2's gradient path, walked for each rank (zero.py)
     ranks: int = 1  # the job's processes: each gets its own reading (trace.adjusted_reading)
     module_units: bool = False  # FSDP units of every module holding parameters (ZeRO-3's gathering), not blocks
 
@@ -79,41 +78,41 @@ class Adjustment:
         return f"adjusted trace: {self.reason}"
 
 
-def for_job(job: Config, plan) -> Optional[Adjustment]:
+def adjustment_for(job: Config, setup) -> Adjustment | None:
     """The adjustment a job needs, or None when the trace runs it as it is."""
-    t = plan.techniques
+    t = setup.techniques
     if t.deepspeed.on:
-        return zero(job, plan)
+        return zero(job, setup)
     if t.fsdp.offload:
         return Adjustment("FSDP's CPU offload keeps the sharded parameters, their gradients and the optimizer's "
                           "state and step in host memory: traced without offload, those taken off the device",
                           dataclasses.replace(job, fsdp=dataclasses.replace(job.fsdp, offload=False)),
                           host=frozenset({"params", "grads", "optimizer", "temp"}))
-    if t.offload.optimizer and plan.device == "cuda":
+    if t.offload.optimizer and setup.device == "cuda":
         grads = " and each gradient (freed on the device once copied)" if t.offload.grads else ""
         return Adjustment(f"torchao's CPUOffloadOptimizer keeps the optimizer's state and step{grads} in host "
                           "memory: traced as it is, those taken off the device", job,
                           host=frozenset({"optimizer", "temp"} | ({"grads"} if t.offload.grads else set())))
-    if t.offload.activations and plan.device == "cuda":
+    if t.offload.activations and setup.device == "cuda":
         return Adjustment("save_on_cpu copies every tensor saved for backward to pinned host memory: traced with "
                           "those copies made and taken off the device", job, host=frozenset({"host"}),
                           save_on_host=True)
     return None
 
 
-def zero(job: Config, plan) -> Adjustment:
+def zero(job: Config, setup) -> Adjustment:
     """DeepSpeed ZeRO: the nearest traceable job and the per-process buffers of the engine (module docstring);
     the sizes that depend on the trainable values are completed by `sized` once the model is built."""
-    t = plan.techniques
+    t = setup.techniques
     stage, mixed = t.deepspeed.stage, t.precision.autocast
     nearest = dataclasses.replace(job, deepspeed=DeepspeedConf())
     if mixed:
         nearest = dataclasses.replace(nearest, precision=PrecisionConf(name=PrecisionName.bf16_true))
-    if stage == 3 and plan.world_size > 1:  # each module's parameters gathered for its use and released after
+    if stage == 3 and setup.world_size > 1:  # each module's parameters gathered for its use and released after
         nearest = dataclasses.replace(nearest, fsdp=FsdpConf(name="full_shard", strategy=FsdpStrategy.full_shard))
     if stage == 0 and not mixed:
         return Adjustment("ZeRO stage 0 in fp32 trains as plain PyTorch: traced without DeepSpeed", nearest)
-    off_host = plan.device == "cuda"  # the CPU is the host: offloading to it changes nothing there
+    off_host = setup.device == "cuda"  # the CPU is the host: offloading to it changes nothing there
     # offloaded, the optimizer's state and step are CPUAdam's on the host (the traced optimizer's come off)
     host = frozenset(({"params"} if t.deepspeed.offload_param and stage == 3 and off_host else set())
                      | ({"optimizer", "temp"} if t.deepspeed.offload_optimizer and off_host else set()))
@@ -122,21 +121,21 @@ def zero(job: Config, plan) -> Adjustment:
                       "with ZeRO's per-process optimizer partition, master weights and gradient buffers added",
                       nearest, host=host, grads_share=0.0 if stage >= 2 else 1.0,
                       flat_optimizer=not (t.deepspeed.offload_optimizer and off_host),
-                      module_units=stage == 3 and plan.world_size > 1, ranks=plan.world_size)
+                      module_units=stage == 3 and setup.world_size > 1, ranks=setup.world_size)
 
 
-def sized(adjustment: Adjustment, plan, model) -> Adjustment:
+def sized(adjustment: Adjustment, setup, model) -> Adjustment:
     """ZeRO's buffers for the (traced) model's trainable values: 1/N of them per process from stage 1 for the
     optimizer's partition; from stage 2 the gradients' path, walked per rank where zero.py models it (the
     contiguous-gradient path without offload), else a flat partition from the start of backward."""
-    t = plan.techniques
+    t = setup.techniques
     if not t.deepspeed.on or (t.deepspeed.stage == 0 and not t.precision.autocast):
         return adjustment
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    stage, n = t.deepspeed.stage, plan.world_size
+    stage, n = t.deepspeed.stage, setup.world_size
     partition = trainable // (n if stage >= 1 else 1)
     grad_bytes = t.precision.compute_bytes if t.precision.autocast else 4
-    walked = zero_walk.settings(plan.args["deepspeed"], model, n, grad_bytes)
+    walked = zero_walk.settings(setup.args["deepspeed"], model, n, grad_bytes)
     blocks = []
     if adjustment.flat_optimizer:
         # the optimizer's own fp32 copy of its partition (a clone in fp32 too), and at the step the
@@ -180,7 +179,7 @@ def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None
     return kept, categories
 
 
-def insert(events: list, mark: Optional[str], new: list, last: bool = False) -> list:
+def insert(events: list, mark: str | None, new: list, last: bool = False) -> list:
     """`new` after the first (or `last`) ("mark", `mark`) event; before everything when `mark` is None."""
     if mark is None:
         return new + events

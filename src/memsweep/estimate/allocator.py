@@ -28,8 +28,8 @@ tests/test_allocator_snapshots.py replays public snapshots to their reserved byt
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional
 
 MIB = 2**20
 
@@ -69,14 +69,14 @@ def allocation_size(size: int) -> int:
 class Options:
     """The PYTORCH_CUDA_ALLOC_CONF settings that change what is reserved (docs: "Optimizing memory
     usage with PYTORCH_CUDA_ALLOC_CONF")."""
-    max_split_size: Optional[int] = None  # bytes; None = unlimited, the default ("all blocks can be split")
+    max_split_size: int | None = None  # bytes; None = unlimited, the default ("all blocks can be split")
     # max_non_split_rounding_mb: how much larger than a request an unsplittable block may be and still
     # serve it; "In the default case, we only allow up to 20MB of rounding of non-split blocks".
     max_non_split_rounding: int = K_LARGE_BUFFER
     expandable_segments: bool = False
 
     @classmethod
-    def parse(cls, conf: Optional[str]) -> "Options":
+    def parse(cls, conf: str | None) -> Options:
         """From a PYTORCH_CUDA_ALLOC_CONF string ("<option>:<value>,..."); options not modelled are ignored."""
         values = dict(item.split(":", 1) for item in (conf or "").replace(" ", "").split(",") if ":" in item)
         options = cls(expandable_segments=values.get("expandable_segments", "False") == "True")
@@ -100,7 +100,7 @@ class Segment:
     base: int
     size: int
     expandable: bool = False
-    last: Optional["Block"] = None  # the block at its end (an expandable segment grows after it)
+    last: Block | None = None  # the block at its end (an expandable segment grows after it)
 
 
 @dataclass(eq=False, slots=True)
@@ -110,8 +110,8 @@ class Block:
     size: int
     segment: Segment
     allocated: bool = False
-    prev: Optional["Block"] = None
-    next: Optional["Block"] = None
+    prev: Block | None = None
+    next: Block | None = None
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Pool:
     (size, then address; one stream), so the first one not smaller than a request is the best fit."""
     small: bool
     free: list = field(default_factory=list)  # sorted (size, addr, Block)
-    expandable: Optional[Segment] = None
+    expandable: Segment | None = None
 
     def insert(self, block: Block) -> None:
         bisect.insort(self.free, (block.size, block.addr, block))
@@ -141,7 +141,7 @@ class Reading:
 
 
 class CachingAllocator:
-    def __init__(self, options: Options = Options(), addresses: Optional[Iterator[int]] = None):
+    def __init__(self, options: Options = Options(), addresses: Iterator[int] | None = None):
         self.options = options
         self.addresses = addresses  # where each new cudaMalloc lands, when known (a recorded snapshot's)
         self.max_split = options.max_split_size if options.max_split_size is not None else float("inf")
@@ -226,7 +226,7 @@ class CachingAllocator:
     def reading(self) -> Reading:
         return Reading(self.peak_allocated, self.peak_reserved, self.allocated, self.reserved, self.segments)
 
-    def _best_fit(self, pool: Pool, size: int) -> Optional[Block]:
+    def _best_fit(self, pool: Pool, size: int) -> Block | None:
         """get_free_block: the smallest cached block that fits (lower_bound in size order), within the
         max_split_size rules, else None."""
         i = bisect.bisect_left(pool.free, (size, -1))

@@ -1,15 +1,15 @@
 """`autofit=true`: before training, the largest micro-batch whose estimate fits the hardware profile's
 capacity less `autofit_headroom`, with the accumulation steps that keep `batch_size`."""
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 from ..config.schema import Config, HardwareConf
 from ..errors import Unsupported
-from ..run.plan import build_plan
+from ..run.setup import build_setup
 from .core import GIB, capacity_bytes, estimate_job
 
 
-def autofit_budget(profile: HardwareConf, headroom: float) -> Optional[int]:
+def autofit_budget(profile: HardwareConf, headroom: float) -> int | None:
     """What autofit lets a job's estimated total reach: the profile's capacity less `headroom` (a fraction)."""
     capacity = capacity_bytes(profile)
     return None if capacity is None else int(capacity * (1 - headroom))
@@ -24,8 +24,8 @@ def autofit(job: Config, profile: HardwareConf, headroom: float = 0.0) -> tuple[
     the smaller micro-batches, whose memory grows with their size, by bisection.
     """
     capacity, budget = capacity_bytes(profile), autofit_budget(profile, headroom)
-    plan = build_plan(job, profile)
-    per_process = plan.batch_size // plan.world_size
+    setup = build_setup(job, profile)
+    per_process = setup.batch_size // setup.world_size
     if budget is None:
         return per_process, 1
 

@@ -31,7 +31,7 @@ import math
 import os
 import re
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
@@ -183,7 +183,7 @@ DEFAULT_WORKSPACE_CONFIG = ":4096:2:16:8"
 HOPPER_WORKSPACE_CONFIG = ":4096:8"
 
 
-def cublas_workspace_bytes(compute_capability: Optional[float] = None) -> int:
+def cublas_workspace_bytes(compute_capability: float | None = None) -> int:
     """cuBLAS's workspace for the training stream: CUBLAS_WORKSPACE_CONFIG's ":KiB:count" pairs, else
     PyTorch's default for the GPU's compute capability."""
     default = HOPPER_WORKSPACE_CONFIG if compute_capability == 9.0 else DEFAULT_WORKSPACE_CONFIG
@@ -273,8 +273,8 @@ def tensor_reading(events, categories: dict) -> dict[str, Any]:
 
 def paged_in(events, micro_batches: int) -> dict[str, float]:
     """The bytes of the tensors made in each phase of the step (per micro-batch in forward and backward) that a
-    CPU pages in anew: those over glibc's largest mmap threshold (run/host_memory.py), fresh pages each time."""
-    from ..run.host_memory import MMAP_THRESHOLD_MAX
+    CPU pages in anew: those over glibc's largest mmap threshold (measure/host_memory.py), fresh pages each time."""
+    from ..measure.host_memory import MMAP_THRESHOLD_MAX
 
     phase, out = None, {"forward": 0.0, "backward": 0.0, "step": 0.0}  # what is alive before: not made here
     for event in events:

@@ -25,7 +25,6 @@ the SMs NCCL's kernels take from the compute they overlap, the latency of small 
 gather and the last bucket's reduction that nothing hides.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 GB = 1e9
 
@@ -46,14 +45,14 @@ def ring(elements: float, element_bytes: int, ranks: int, all_reduce: bool = Fal
     return (2 if all_reduce else 1) * (ranks - 1) / ranks * elements * element_bytes
 
 
-def volume(plan, total_params: int, trainable_params: int) -> Volume:
-    """What each rank of the plan's job sends per optimizer step (none for one process)."""
-    n, t, micro = plan.world_size, plan.techniques, plan.accumulation_steps
+def volume(setup, total_params: int, trainable_params: int) -> Volume:
+    """What each rank of the setup's job sends per optimizer step (none for one process)."""
+    n, t, micro = setup.world_size, setup.techniques, setup.accumulation_steps
     if n <= 1:
         return Volume()
     sharded, stage = t.precision.compute_bytes, t.deepspeed.stage
     # DeepSpeed reduces while backward runs only with overlap_comm; FSDP2 reduces on its own stream
-    zero = plan.args.get("deepspeed", {}).get("zero_optimization", {})
+    zero = setup.args.get("deepspeed", {}).get("zero_optimization", {})
     reduce_hidden = t.fsdp.on or bool(zero.get("overlap_comm"))
     if t.fsdp.on or stage == 3:
         gathers = micro * (2 if stage == 3 or t.fsdp.reshard_after_forward else 1) * ring(total_params, sharded, n)
@@ -69,7 +68,7 @@ def volume(plan, total_params: int, trainable_params: int) -> Volume:
     return Volume(overlapped=ring(trainable_params, t.precision.param_bytes, n, all_reduce=True))
 
 
-def link_gbs(profile, distributed) -> tuple[Optional[float], str]:
+def link_gbs(profile, distributed) -> tuple[float | None, str]:
     """The slowest link of the job's ring, GB/s one direction per GPU, and where it comes from; None where a
     ring across nodes has no network bandwidth given, or the profile no link figure."""
     if distributed.nodes > 1:

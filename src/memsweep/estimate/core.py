@@ -1,21 +1,20 @@
-"""A job's estimate, as a recipe: plan -> model -> trace (or the nearest job's trace, adjusted) -> device
+"""A job's estimate, as a recipe: setup -> model -> trace (or the nearest job's trace, adjusted) -> device
 counters -> fit. The profile's CUDA context, the fit against its capacity, FLOPs and the predicted step
 time (roofline.py)."""
 import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from ..config import rules
 from ..config.schema import Config, HardwareConf
-from ..measure import shapes
-from ..run import host_memory, results, task
-from ..run.plan import build_plan
-from ..sweep.sweepdir import ESTIMATE_FILE
+from ..measure import host_memory, shapes
+from ..run import results, task
+from ..run.setup import build_setup
+from ..techniques import rules
 from . import adjust, roofline
 from .meta import model_config, traced_model
-from .result import Estimate
+from .result import ESTIMATE_FILE, Estimate
 from .table import summary_line
 from .trace import for_gpu, readable_on, trace
 
@@ -25,7 +24,7 @@ BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence"
          "categories", "reductions", "cublas_keys", "gpu", "workspace", "readings", "derived_from")
 
 
-def capacity_bytes(profile: HardwareConf) -> Optional[int]:
+def capacity_bytes(profile: HardwareConf) -> int | None:
     if profile.memory_gib is not None:
         return int(profile.memory_gib * GIB)
     if profile.device == "cpu":  # the host's memory
@@ -40,56 +39,56 @@ def device_key(job: Config, profile: HardwareConf) -> str:
     return repr((dataclasses.replace(job, hardware=HardwareConf()), profile.device))
 
 
-def estimate_job(job: Config, profile: HardwareConf, memo: Optional[dict] = None) -> Estimate:
+def estimate_job(job: Config, profile: HardwareConf, memo: dict | None = None) -> Estimate:
     """The estimate of one job on one hardware profile. `memo` (a dict the caller keeps): the same job on
     several profiles of one device is traced once."""
     started = time.perf_counter()
-    plan = build_plan(job, profile)
+    setup = build_setup(job, profile)
     key = device_key(job, profile)
     traced = None if memo is None else memo.get(key)
     if traced is None or not readable_on(traced, profile):  # an adjusted trace is made per GPU
-        traced = traced_step(job, profile, plan)
+        traced = traced_step(job, profile, setup)
         if memo is not None:
             memo[key] = traced
-    return assemble(job, profile, plan, traced, started)
+    return assemble(job, profile, setup, traced, started)
 
 
-def traced_step(job: Config, profile: HardwareConf, plan) -> dict[str, Any]:
+def traced_step(job: Config, profile: HardwareConf, setup) -> dict[str, Any]:
     """The trace of the job, or of its nearest traceable job with the adjustment's arithmetic (adjust.py);
     with the model's parameter counts."""
-    adjustment = adjust.for_job(job, plan)
-    traced_job, traced_plan = (adjustment.nearest, build_plan(adjustment.nearest, profile)) if adjustment else (job, plan)
-    model = traced_model(traced_job, traced_plan)
+    adjustment = adjust.adjustment_for(job, setup)
+    traced_job, traced_setup = (adjustment.nearest, build_setup(adjustment.nearest, profile)) if adjustment else (job, setup)
+    model = traced_model(traced_job, traced_setup)
     if adjustment is not None and adjustment.module_units:
         # ZeRO-3 gathers each module's own parameters before it runs and releases them after (stage3.py's
         # PartitionedParameterCoordinator, per submodule): an FSDP unit of every module that holds some
-        traced_plan.args["fsdp_config"]["transformer_layer_cls_to_wrap"] = sorted(
+        traced_setup.args["fsdp_config"]["transformer_layer_cls_to_wrap"] = sorted(
             {type(m).__name__ for m in model.modules() if next(m.parameters(recurse=False), None) is not None})
     counts = {"total_params": sum(p.numel() for p in model.parameters()),
               "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
-    if adjustment is not None:  # its buffers are sized by the job's own plan: processes, stage, precision
-        adjustment = adjust.sized(adjustment, plan, model)
-    return {**trace(traced_job, profile, traced_plan, model, adjustment), **counts}
+    if adjustment is not None:  # its buffers are sized by the job's own setup: processes, stage, precision
+        adjustment = adjust.sized(adjustment, setup, model)
+    return {**trace(traced_job, profile, traced_setup, model, adjustment), **counts}
 
 
-def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], started: float) -> Estimate:
+def assemble(job: Config, profile: HardwareConf, setup, traced: dict[str, Any], started: float) -> Estimate:
     """The estimate from the traced step: the counters of the profile's device, the fit, time and notes."""
     overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
     device = device_counters(for_gpu(traced, profile), overhead) if profile.device == "cuda" else {}
     # the safe side of what packing may do: fits, the margin and autofit must not lean low
     total = device["device_used_upper_bytes"] if device else traced["peak_bytes"]
     capacity = capacity_bytes(profile)
-    key = plan.techniques.precision.compute
+    key = setup.techniques.precision.compute
     tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
     config, source = model_config(job)
     adjusted = traced.get("adjustment")
     # pages come anew only where freed host memory goes back to the OS: not under the job's malloc_reuse
-    timing = roofline.step_time(traced, plan, profile, pages_anew=not (job.malloc_reuse or host_memory.in_effect()),
+    timing = roofline.step_time(traced, setup, profile, pages_anew=not (job.malloc_reuse or host_memory.in_effect()),
                                 model_type=config.model_type, distributed=job.distributed)
-    tokens = plan.micro_batch_size * plan.accumulation_steps * job.max_seq_len
+    tokens = setup.micro_batch_size * setup.accumulation_steps * job.max_seq_len
     return Estimate(
         method="adjusted trace" if adjusted else "trace", method_reason=adjusted, hardware=profile.name,
-        device=profile.device, micro_batch_size=plan.micro_batch_size, accumulation_steps=plan.accumulation_steps,
+        device=profile.device, micro_batch_size=setup.micro_batch_size, accumulation_steps=setup.accumulation_steps,
         seq_len=job.max_seq_len, peak_bytes=traced["peak_bytes"], overhead_bytes=overhead, total_bytes=total,
         breakdown={**traced["breakdown"], "overhead": overhead}, activations_bytes=traced["activations_bytes"],
         grads_bytes=traced["grads_bytes"], optimizer_bytes=traced["optimizer_bytes"], capacity_bytes=capacity,
@@ -101,8 +100,8 @@ def assemble(job: Config, profile: HardwareConf, plan, traced: dict[str, Any], s
         step_time=timing,
         trace={k: v for k, v in traced.items() if k not in BULKY},
         total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
-        notes=notes_for(plan, profile, adjusted) + history_note(job, profile), per_rank=traced.get("per_rank"),
-        shape_advice=shapes.audit(profile, plan.micro_batch_size, getattr(config, "vocab_size", None),
+        notes=notes_for(setup, profile, adjusted) + history_note(job, profile), per_rank=traced.get("per_rank"),
+        shape_advice=shapes.audit(profile, setup.micro_batch_size, getattr(config, "vocab_size", None),
                                  job.data.pad_to_multiple_of),
         seconds=round(time.perf_counter() - started, 2), **device)
 
@@ -121,14 +120,14 @@ def device_counters(traced: dict[str, Any], context: int) -> dict[str, Any]:
             "reserved_upper_bytes": upper, "device_used_upper_bytes": upper + context}
 
 
-def notes_for(plan, profile: HardwareConf, adjusted: Optional[str]) -> list[str]:
-    t, notes = plan.techniques, [f"adjusted trace: {adjusted}"] if adjusted else []
+def notes_for(setup, profile: HardwareConf, adjusted: str | None) -> list[str]:
+    t, notes = setup.techniques, [f"adjusted trace: {adjusted}"] if adjusted else []
     if t.compile.on:
         notes.append("compile=on is estimated as eager execution")
-    if plan.world_size > 1 and not plan.process_group:  # plain DDP
+    if setup.world_size > 1 and not setup.process_group:  # plain DDP
         notes.append("per process; DDP's gradient buckets are not included")
     if t.fsdp.on and not t.fsdp.offload:
-        notes.append(f"FSDP: rank 0 of {plan.world_size} traced among fake ranks, wrapped as Accelerate wraps the job; "
+        notes.append(f"FSDP: rank 0 of {setup.world_size} traced among fake ranks, wrapped as Accelerate wraps the job; "
                      "checked against real CPU ranks where the peak is in forward or backward. Not matched: at the "
                      "optimizer step a real rank still held a gradient of the largest unit in full, and with "
                      "accumulation the trace holds more than a real rank did")
@@ -160,7 +159,7 @@ def history_note(job: Config, profile: HardwareConf) -> list[str]:
             "the traced one"]
 
 
-def for_job(job: Config, profile: HardwareConf) -> dict[str, Any]:
+def estimate_beside_training(job: Config, profile: HardwareConf) -> dict[str, Any]:
     """The estimate stored with a real job's results (res["estimate"]). Never raises: a job must
     not fail because its estimate did; the error is recorded instead."""
     try:
@@ -169,7 +168,7 @@ def for_job(job: Config, profile: HardwareConf) -> dict[str, Any]:
         return {"method": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}", "peak_bytes": None}
 
 
-def at_data_length(job: Config, profile: HardwareConf, seq_len: int) -> Optional[dict[str, Any]]:
+def at_data_length(job: Config, profile: HardwareConf, seq_len: int) -> dict[str, Any] | None:
     """The predicted step time where the job's batches are padded to `seq_len` (its data's typical padded
     length, run/data.typical_padded_length) instead of max_seq_len: the step the run mostly takes, where
     the estimate's own step is the longest it can take. None where nothing shorter is to predict, or where
@@ -183,10 +182,34 @@ def at_data_length(job: Config, profile: HardwareConf, seq_len: int) -> Optional
     return {"seq_len": seq_len, "step_s": est.predicted_step_s, "basis": "the data's typical padded length"}
 
 
-def run_estimate(job: Config, profile: HardwareConf, job_dir: Path, memo: Optional[dict] = None) -> dict[str, Any]:
+def typical_step(job: Config, profile: HardwareConf) -> dict | None:
+    """Before the job is built, the predicted step time where the batches are padded to the data's typical length
+    (the estimate's own step is padded to max_seq_len, the longest a step can be): what the measured median is.
+    None for images (every step the same). The tokenised data is kept for the job (data.load's cache)."""
+    from ..measure.steptime import WARMUP_STEPS
+    from ..run import data as run_data
+    from ..run.train_loop import first_step_after_warmup, load_data, optimizer_steps
+
+    if task.images(job.task):
+        return None
+    try:
+        setup, (_, data) = build_setup(job, profile), load_data(job)
+    except Exception as exc:  # noqa: BLE001 - building the job says what is wrong with its data, in its own words
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    lengths = [len(ids) for ids in data.train["input_ids"]]
+    steps = optimizer_steps(len(lengths), setup.micro_batch_size, setup.accumulation_steps, setup.world_size,
+                            job.epochs, job.max_steps)
+    ledger = {first_step_after_warmup(job, steps)} if job.measure.ledger else set()
+    typical = run_data.typical_padded_length(lengths, setup.micro_batch_size, setup.accumulation_steps,
+                                             job.data.pad_to_multiple_of, setup.group_by_length, job.seed,
+                                             steps=steps, left_out=frozenset(range(1, WARMUP_STEPS + 1)) | ledger)
+    return at_data_length(job, profile, typical)
+
+
+def run_estimate(job: Config, profile: HardwareConf, job_dir: Path, memo: dict | None = None) -> dict[str, Any]:
     """mode=estimate for one job: check the rules (all but no-gpu: an estimate needs no GPU), estimate,
-    write estimate.json, print a summary line. Raises Unsupported as rules.check does."""
-    rules.check(job, profile, skip=("no-gpu",))
+    write estimate.json, print a summary line. Raises Unsupported as rules.refuse_unsupported does."""
+    rules.refuse_unsupported(job, profile, skip=("no-gpu",))
     est = estimate_job(job, profile, memo=memo).to_dict()
     results.write(Path(job_dir) / ESTIMATE_FILE, est)  # atomic, as results.json
     print(summary_line(est), flush=True)

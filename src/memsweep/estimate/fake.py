@@ -5,16 +5,15 @@ matmul, and the host copies of activation offload.
 """
 import contextlib
 import logging
-from typing import Optional
 
 import torch
 
 from ..config.schema import HardwareConf
 
 
-def accelerate_dtype(plan) -> Optional[torch.dtype]:
+def accelerate_dtype(setup) -> torch.dtype | None:
     """The autocast dtype Accelerate applies for the bf16/fp16 TrainingArguments (wrapping model.forward)."""
-    return torch.bfloat16 if plan.args.get("bf16") else torch.float16 if plan.args.get("fp16") else None
+    return torch.bfloat16 if setup.args.get("bf16") else torch.float16 if setup.args.get("fp16") else None
 
 
 def autocast_like_accelerate(model, dtype: torch.dtype):
@@ -181,7 +180,7 @@ def to_fake(model, fake_mode):
 
 
 @contextlib.contextmanager
-def on_fake_tensors(model, plan, profile: HardwareConf):
+def on_fake_tensors(model, setup, profile: HardwareConf):
     """The meta model on fake CPU tensors, autocast as Accelerate applies it, and for a CUDA profile
     the GPU's kernels: what the trace and the FLOP count both run under."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -192,7 +191,7 @@ def on_fake_tensors(model, plan, profile: HardwareConf):
     fake_mode = FakeTensorMode(allow_non_fake_inputs=is_sharded)
     if not is_sharded:
         model = to_fake(model, fake_mode)
-    if (dtype := accelerate_dtype(plan)) is not None:
+    if (dtype := accelerate_dtype(setup)) is not None:
         model = autocast_like_accelerate(model, dtype)
     with torch.random.fork_rng(), fake_mode, contextlib.ExitStack() as kernels:
         if profile.device == "cuda":

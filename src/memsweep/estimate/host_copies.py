@@ -26,11 +26,11 @@ forward and backward), the copies back after the step whole.
 from .collectives import Volume, waited_s
 
 
-def volume(plan, total_params: int, trainable_params: int) -> tuple[Volume, bool]:
+def volume(setup, total_params: int, trainable_params: int) -> tuple[Volume, bool]:
     """(the bytes each process copies per optimizer step, whether they hide under forward too (FSDP2's
     prefetched parameters) or only under backward); nothing without optimizer offload on a GPU."""
-    t, micro, n = plan.techniques, plan.accumulation_steps, plan.world_size
-    if plan.device != "cuda":
+    t, micro, n = setup.techniques, setup.accumulation_steps, setup.world_size
+    if setup.device != "cuda":
         return Volume(), False
     if t.offload.optimizer:
         each = trainable_params * t.precision.param_bytes
@@ -44,11 +44,11 @@ def volume(plan, total_params: int, trainable_params: int) -> tuple[Volume, bool
     return Volume(), False
 
 
-def waited(traced: dict, plan, link_bytes_s, forward_s: float, backward_s: float) -> dict:
+def waited(traced: dict, setup, link_bytes_s, forward_s: float, backward_s: float) -> dict:
     """The copies of a step: their bytes, seconds over the host link (`link_bytes_s`, None where the profile
     has none: then the bytes only) and what the step waits for them beyond the micro-batches' `forward_s` and
     `backward_s` they overlap; {} where nothing is copied."""
-    sent, under_forward = volume(plan, traced.get("total_params", 0), traced.get("trainable_params", 0))
+    sent, under_forward = volume(setup, traced.get("total_params", 0), traced.get("trainable_params", 0))
     if not sent.total or link_bytes_s is None:
         return {"host_copy_bytes": sent.total} if sent.total else {}
     took, waited_for = waited_s(sent, link_bytes_s, backward_s + (forward_s if under_forward else 0.0))

@@ -9,7 +9,6 @@ be the same from run to run. An architecture not measured takes BERT's."""
 import functools
 import json
 from pathlib import Path
-from typing import Optional
 
 MEASURED = Path(__file__).with_name("host_per_op.json")
 REFERENCE = "bert"
@@ -20,7 +19,7 @@ def per_op_us() -> dict:
     return json.loads(MEASURED.read_text())["us_per_op"]
 
 
-def relative(model_type: Optional[str]) -> float:
+def relative(model_type: str | None) -> float:
     """The architecture's host cost per op over BERT's (1 where it was not measured)."""
     costs = per_op_us()
     return costs.get(model_type, costs[REFERENCE]) / costs[REFERENCE]

@@ -1,7 +1,7 @@
 """The model a trace runs: a copy of the job's meta model (run/model.meta_model: built once per
 architecture and head from its config, no weights, no memory; the structure is read off the same one)
-with the plan's load-time settings and transforms: the stored dtype, the attention kernel,
-bitsandbytes' layers where the plan quantizes, then freezing, LoRA, checkpointing, the stored dtype (bf16_true,
+with the setup's load-time settings and transforms: the stored dtype, the attention kernel,
+bitsandbytes' layers where the setup quantizes, then freezing, LoRA, checkpointing, the stored dtype (bf16_true,
 fp16_true, fp64).
 """
 import copy
@@ -16,16 +16,16 @@ def model_config(job: Config):
     return hf_config(job.model, num_labels(job.task, job.data.labels))
 
 
-def traced_model(job: Config, plan):
-    """A fresh copy of the job's meta model, loaded as the plan loads the real one and transformed."""
+def traced_model(job: Config, setup):
+    """A fresh copy of the job's meta model, loaded as the setup loads the real one and transformed."""
     model = copy.deepcopy(meta_model(job.model, auto_class(job.task), num_labels(job.task, job.data.labels)))
-    if (dtype := plan.load_kwargs.get("dtype")) is not None:
+    if (dtype := setup.load_kwargs.get("dtype")) is not None:
         model.to(dtype)
-    if (attention := plan.load_kwargs.get("attn_implementation")) is not None:
+    if (attention := setup.load_kwargs.get("attn_implementation")) is not None:
         model.set_attn_implementation(attention)
-    if (quantization := plan.load_kwargs.get("quantization_config")) is not None:
+    if (quantization := setup.load_kwargs.get("quantization_config")) is not None:
         bitsandbytes_layers(model, quantization)
-    return plan.transform(model)
+    return setup.transform(model)
 
 
 def bitsandbytes_layers(model, quantization_config) -> None:

@@ -19,8 +19,8 @@ from torch.distributed._tools.runtime_estimator import RuntimeEstimator
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import products
 from ..measure import peak
+from . import products
 
 PHASES = ("forward", "backward", "accumulate", "step")
 RANDOM = "random"  # an op's record whose count is random numbers drawn, not FLOPs

@@ -6,7 +6,6 @@ dtype, so that a CPU step times each at its own shape on this CPU (measure/peak.
 sigmoid, exp, erf and GELU's and SiLU's gradients evaluate an exponential, erf or tanh per element, for which
 torch.utils.flop_counter has no formula, so the roofline counts only their bytes: MiniLM's softmax at 32 x 64
 tokens took 12.8 times its bytes' time on this CPU, GELU 2.7 and its gradient 2.8 times)."""
-from typing import Optional
 
 import torch
 
@@ -18,7 +17,7 @@ MATH = tuple(getattr(torch.ops.aten, name) for name in (
 TIMED = PRODUCTS + MATH
 
 
-def operands(args, kwargs) -> Optional[tuple]:
+def operands(args, kwargs) -> tuple | None:
     """A timed op's arguments as this CPU can make them again: each tensor's (shape, strides, dtype), each
     scalar, string or None as it is; None where an argument is none of these (no such op is timed)."""
     out = []

@@ -1,8 +1,9 @@
 """An estimate, typed: what the estimator predicts for one job on one hardware profile (as run/results.py's
 Result is what a job measured). Written as estimate.json and stored as results.json's `estimate`."""
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
+ESTIMATE_FILE = "estimate.json"  # a job's estimate (mode=estimate, or the estimate CLI)
 GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "reserved_upper_bytes",
                 "device_used_upper_bytes")
 
@@ -10,7 +11,7 @@ GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_byte
 @dataclass
 class Estimate:
     method: str  # "trace", or "adjusted trace": the nearest traceable job with named arithmetic (adjust.py)
-    method_reason: Optional[str]  # what the adjustment stands for
+    method_reason: str | None  # what the adjustment stands for
     hardware: str
     device: str  # "cpu" or "cuda"
     micro_batch_size: int
@@ -23,16 +24,16 @@ class Estimate:
     activations_bytes: int  # held for backward when backward starts
     grads_bytes: int
     optimizer_bytes: int
-    capacity_bytes: Optional[int]
-    fits: Optional[bool]
-    margin_bytes: Optional[int]
+    capacity_bytes: int | None
+    fits: bool | None
+    margin_bytes: int | None
     flops_per_step: int
     flops_source: str
     compute_dtype: str  # the profile's `tflops` key the step is timed at
-    peak_tflops: Optional[float]
-    step_time_s: Optional[float]  # FLOPs at the profile's peak matmul rate: a lower bound on a step's time
-    predicted_step_s: Optional[float]  # the roofline per op (roofline.py); None with step_time["why_not"]
-    tokens_per_s: Optional[float]  # tokens of one optimizer step (padded to seq_len) / predicted_step_s
+    peak_tflops: float | None
+    step_time_s: float | None  # FLOPs at the profile's peak matmul rate: a lower bound on a step's time
+    predicted_step_s: float | None  # the roofline per op (roofline.py); None with step_time["why_not"]
+    tokens_per_s: float | None  # tokens of one optimizer step (padded to seq_len) / predicted_step_s
     step_time: dict[str, Any]  # the roofline's parts: forward, backward, optimizer, host transfers, rates
     trace: dict[str, Any]  # the trace's own reading (and the allocator model's on a GPU)
     total_params: int
@@ -40,16 +41,16 @@ class Estimate:
     architecture_source: str
     notes: list[str] = field(default_factory=list)
     # each rank's peak and breakdown where ranks differ (DeepSpeed ZeRO-2: zero.py); the job's figures are rank 0's
-    per_rank: Optional[list[dict[str, Any]]] = None
-    shape_advice: Optional[dict[str, Any]] = None
+    per_rank: list[dict[str, Any]] | None = None
+    shape_advice: dict[str, Any] | None = None
     seconds: float = 0.0
     # A GPU's three counters, each predicted as that counter is made (core.device_counters)
-    peak_allocated_bytes: Optional[int] = None
-    peak_reserved_bytes: Optional[int] = None
-    device_used_bytes: Optional[int] = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    device_used_bytes: int | None = None
     # The safe side of packing (capture.packing_envelope): what total_bytes, fits and the margin use on a GPU
-    reserved_upper_bytes: Optional[int] = None
-    device_used_upper_bytes: Optional[int] = None
+    reserved_upper_bytes: int | None = None
+    device_used_upper_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """estimate.json: every field; a GPU's counters only on a GPU profile."""

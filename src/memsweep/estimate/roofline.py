@@ -46,7 +46,7 @@ next to no work) over its ops, an optimizer's op a bare call from a Python loop.
 And dropout on a CPU draws a random number per element (`bernoulli_`), which takes far longer than moving its
 bytes: those ops take their draws at the rate this CPU draws them (measured); a GPU's dropout kernel draws
 in registers (Philox) and stays bound by its bytes. And where a job hands freed host memory back to the OS
-(`malloc_reuse=false`; run/host_memory.py keeps it by default) a CPU pages in anew each tensor of more than 32 MiB
+(`malloc_reuse=false`; measure/host_memory.py keeps it by default) a CPU pages in anew each tensor of more than 32 MiB
 a step makes (glibc's malloc maps it fresh and unmaps it on free; the kernel faults in each 4 KiB page on its
 first touch): the step adds this CPU's measured cost per page for those the trace's step allocates
 (capture.paged_in; MiniLM's word-embedding gradient, 47 MB each micro-batch: 11,446 pages at 1.6 us here). A GPU's
@@ -68,12 +68,9 @@ sum), products of widths that are not multiples of 8 (a batched 197 x 64 x 197 p
 processes' collectives are added where they outlast the compute they overlap (collectives_waited, collectives.py).
 """
 from dataclasses import dataclass
-from typing import Optional
 
-import torch
-
-from . import collectives, host_copies, host_cost
 from ..measure import peak
+from . import collectives, host_copies, host_cost
 
 GB = 1e9
 # What a CUDA card reaches of its datasheet, measured on an H200 (module docstring, benchmarks/GPU.md)
@@ -89,7 +86,7 @@ from .op_record import PHASES, RANDOM
 class Rates:
     flops: dict[str, float]  # peak FLOP/s per compute dtype key (fp32, tf32, fp16, bf16)
     memory_bytes_s: float  # device memory bandwidth
-    host_bytes_s: Optional[float]  # host link (PCIe) bandwidth, one direction
+    host_bytes_s: float | None  # host link (PCIe) bandwidth, one direction
     fp32_key: str = "fp32"  # "tf32" where fp32 matmuls run on TF32 tensor cores
     source: str = "profile (datasheet)"
     host_s_per_op: float = 0.0  # the host's dispatch of one forward or backward op, which the GPU cannot run ahead of
@@ -118,7 +115,7 @@ def op_time(key: str, flops: int, moved: int, rates: Rates) -> float:
     return compute_s + memory_s if compute_s and not rates.traffic_hidden else max(compute_s, memory_s)
 
 
-def seconds(ops: list, rates: Rates, timed: Optional[list] = None) -> dict:
+def seconds(ops: list, rates: Rates, timed: list | None = None) -> dict:
     """One micro-batch's forward and backward and the optimizer step, timed at `rates`, its products `timed` on
     this CPU where given (products_s); which ops bound it."""
     out = {**{p: 0.0 for p in PHASES}, "compute_bound_s": 0.0, "memory_bound_s": 0.0, "ops": dict.fromkeys(PHASES, 0)}
@@ -190,7 +187,7 @@ def forward_only_s(sequence: list, parts: dict, rates: Rates) -> float:
     return queued_s(forward, rates, 1)
 
 
-def rates_of(profile, compute_key: str, model_type: Optional[str] = None) -> Optional[Rates]:
+def rates_of(profile, compute_key: str, model_type: str | None = None) -> Rates | None:
     """The profile's rates, or None where it has no memory bandwidth (a step cannot be timed). On a CPU
     profile without them, this machine's, measured once (measure/peak.py). A model's op costs the host what
     `model_type`'s cost relative to BERT's (host_cost.py)."""
@@ -215,7 +212,7 @@ def rates_of(profile, compute_key: str, model_type: Optional[str] = None) -> Opt
                  traffic_hidden=not on_gpu, timed_products=source.startswith("this CPU"))
 
 
-def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type: Optional[str] = None,
+def step_time(traced: dict, setup, profile, pages_anew: bool = False, model_type: str | None = None,
               distributed=None) -> dict:
     """The predicted time of one optimizer step: on a GPU the host's launches of the ops and the device's
     kernels (queued_s: accumulation x a micro-batch's forward + backward, then the optimizer step); on a CPU
@@ -225,13 +222,13 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
     memory back to the OS (no malloc_reuse), so on a CPU the step's large tensors are paged in again each time they
     are made; `model_type`'s ops cost the host theirs; several processes (`distributed`) wait for collectives that
     outlast what they overlap (collectives_waited)."""
-    rates = rates_of(profile, plan.techniques.precision.compute, model_type)
+    rates = rates_of(profile, setup.techniques.precision.compute, model_type)
     if rates is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no memory_gbs (memory bandwidth)"}
     parts = seconds(traced["roofline_ops"], rates, traced.get("roofline_products") if rates.timed_products else None)
-    accumulation = plan.accumulation_steps
+    accumulation = setup.accumulation_steps
     offloaded = traced.get("offloaded_bytes_per_micro_batch", 0)
-    copies = host_copies.waited(traced, plan, rates.host_bytes_s, accumulation * parts["forward"],
+    copies = host_copies.waited(traced, setup, rates.host_bytes_s, accumulation * parts["forward"],
                                 accumulation * parts["backward"])  # optimizer offload's, over the host link
     if (offloaded or copies) and rates.host_bytes_s is None:
         return {"step_s": None, "why_not": f"profile {profile.name} has no host_link_gbs for offload's copies"}
@@ -248,7 +245,7 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
         queue_s = device_s + dispatch_s + pages_s
     else:
         queue_s = queued_s(sequence, rates, accumulation) if sequence and dispatch_s else max(device_s, dispatch_s)
-    comm = collectives_waited(traced, plan, profile, distributed, accumulation * micro_batch_s)
+    comm = collectives_waited(traced, setup, profile, distributed, accumulation * micro_batch_s)
     out = {"step_s": queue_s + host_s + comm.get("collectives_waited_s", 0.0) + copies.get("host_copies_waited_s", 0.0),
            "forward_s": parts["forward"], "backward_s": parts["backward"],
            "forward_only_s": forward_only_s(sequence, parts, rates) + forward_pages_s,
@@ -264,7 +261,7 @@ def step_time(traced: dict, plan, profile, pages_anew: bool = False, model_type:
            "compute_bound_share": parts["compute_bound_s"] / max(parts["compute_bound_s"] + parts["memory_bound_s"], 1e-30),
            "rates": rates.source, "method": "roofline per op (torch RuntimeEstimator), launched by the host",
            **comm, **copies}
-    return noted(out, untimed(parts, traced, plan, profile, on_device), comm)
+    return noted(out, untimed(parts, traced, setup, profile, on_device), comm)
 
 
 def paged_in_s(traced: dict, rates: Rates, pages_anew: bool, accumulation: int, on_device: bool) -> tuple[float, float]:
@@ -282,7 +279,7 @@ def noted(out: dict, left_out: dict, comm: dict) -> dict:
     return {**out, **left_out, **({"note": "; ".join(notes)} if notes else {})}
 
 
-def host_calls_s(parts: dict, traced: dict, rates: Rates, model_type: Optional[str], accumulation: int,
+def host_calls_s(parts: dict, traced: dict, rates: Rates, model_type: str | None, accumulation: int,
                  on_device: bool) -> float:
     """The host's calls of a step's ops: each micro-batch's forward and backward ops at a model's op's cost,
     with checkpointing's hooks and Trainer's walks; the accumulating adds and the optimizer's ops at a bare
@@ -293,24 +290,24 @@ def host_calls_s(parts: dict, traced: dict, rates: Rates, model_type: Optional[s
     return accumulation * micro_batch + bare * rates.host_s_per_step_op
 
 
-def collectives_waited(traced: dict, plan, profile, distributed, compute_s: float) -> dict:
+def collectives_waited(traced: dict, setup, profile, distributed, compute_s: float) -> dict:
     """Several processes' collectives (collectives.py): the bytes each rank sends a step, their seconds over the
     ring's slowest link, and what the step waits for them beyond the `compute_s` they overlap; a note where
     no link is known (a CPU profile's processes, or nodes without a network bandwidth)."""
-    sent = collectives.volume(plan, traced.get("total_params", 0), traced.get("trainable_params", 0))
+    sent = collectives.volume(setup, traced.get("total_params", 0), traced.get("trainable_params", 0))
     if not sent.total:
         return {}
     gbs, link = collectives.link_gbs(profile, distributed) if distributed is not None and profile.device == "cuda" \
         else (None, "no link bandwidth for this device")
     if gbs is None:
-        return {"collective_bytes": sent.total, "note": f"the collectives of {plan.world_size} processes are not timed "
+        return {"collective_bytes": sent.total, "note": f"the collectives of {setup.world_size} processes are not timed "
                                                         f"({link}): a lower bound"}
     took, waited = collectives.waited_s(sent, gbs * collectives.GB, compute_s)
     return {"collective_bytes": sent.total, "collectives_s": took, "collectives_waited_s": waited,
             "collectives_link": link}
 
 
-def recompute_hooks_s(traced: dict, rates: Rates, model_type: Optional[str]) -> float:
+def recompute_hooks_s(traced: dict, rates: Rates, model_type: str | None) -> float:
     """What activation checkpointing's hooks cost the host per micro-batch beyond the recomputed ops' own calls:
     on a CPU, each recomputed op (op_record.Roofline.recomputed) at what this CPU measured for one
     (peak.recomputed_op_s: MiniLM at 1 x 30 tokens took 21-23 ms longer a micro-batch checkpointed, its
@@ -331,7 +328,7 @@ def trainer_walks_s(traced: dict, rates: Rates) -> float:
     return modules * peak.module_walk_s() if modules and rates.serial else 0.0
 
 
-def untimed(parts: dict, traced: dict, plan, profile, on_device: bool) -> dict:
+def untimed(parts: dict, traced: dict, setup, profile, on_device: bool) -> dict:
     """What step_time cannot time: no step where a rate is missing, a note where part of the step is left out."""
     if parts["no_rate"]:
         return {"step_s": None, "why_not": f"profile {profile.name} has no peak rate for {', '.join(parts['no_rate'])}"}

@@ -19,7 +19,6 @@ non-contiguous input, reduced dimensions that are neither all leading nor all tr
 """
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -39,7 +38,7 @@ class Gpu:
     threads_per_sm: int
 
 
-def gpu_of(profile) -> Optional[Gpu]:
+def gpu_of(profile) -> Gpu | None:
     """The reduction kernel's view of the profile's GPU; None off CUDA or where the profile lacks it."""
     threads = THREADS_PER_SM.get(profile.compute_capability)
     if profile.device != "cuda" or not profile.sm_count or threads is None:
@@ -47,7 +46,7 @@ def gpu_of(profile) -> Optional[Gpu]:
     return Gpu(profile.sm_count, threads)
 
 
-def op_reduction(func, args, kwargs) -> Optional[tuple]:
+def op_reduction(func, args, kwargs) -> tuple | None:
     """(shape, reduced dims, accumulator bytes) of a sum or mean `func` (the op just run), else None."""
     name = f"{func._schema.name.split('::')[-1]}.{func._overloadname}"
     if name not in REDUCTIONS or not isinstance(args[0], torch.Tensor) or not args[0].is_contiguous():
@@ -59,7 +58,7 @@ def op_reduction(func, args, kwargs) -> Optional[tuple]:
     return tuple(x.shape), tuple(sorted(set(dims))), acc
 
 
-def sized(events: list, reductions: dict, gpu: Optional[Gpu]) -> list:
+def sized(events: list, reductions: dict, gpu: Gpu | None) -> list:
     """The step's events with each reduction's scratch (recorded as 0-byte placeholders, `reductions`:
     {staging key: (shape, dims, acc, semaphore key)}) sized for `gpu`; a block of 0 bytes left out."""
     sizes = {}

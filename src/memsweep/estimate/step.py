@@ -26,26 +26,26 @@ class NoMarks:
 
 
 
-def trainer_arguments(plan, keys: tuple[str, ...]):
-    """TrainingArguments of the plan's `keys`, on the CPU: what Trainer derives from them."""
+def trainer_arguments(setup, keys: tuple[str, ...]):
+    """TrainingArguments of the setup's `keys`, on the CPU: what Trainer derives from them."""
     from transformers import TrainingArguments
 
     return TrainingArguments(output_dir=tempfile.gettempdir(), use_cpu=True, report_to="none",
-                             **{k: plan.args[k] for k in keys if k in plan.args})
+                             **{k: setup.args[k] for k in keys if k in setup.args})
 
 
 
-def optimizer_spec(plan, model):
+def optimizer_spec(setup, model):
     """(optimizer class, its kwargs, the TrainingArguments) as Trainer would choose them."""
     from transformers import Trainer
 
-    args = trainer_arguments(plan, ("optim", "optim_args", "learning_rate", "weight_decay"))
+    args = trainer_arguments(setup, ("optim", "optim_args", "learning_rate", "weight_decay"))
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     return cls, kwargs, args
 
 
 
-def build_optimizer(plan, model, profile: HardwareConf, spec):
+def build_optimizer(setup, model, profile: HardwareConf, spec):
     """The optimizer Trainer.create_optimizer would build: its class, kwargs and parameter groups
     (`spec`: optimizer_spec's answer, asked before the model is sharded)."""
     from transformers import Trainer
@@ -178,30 +178,30 @@ def image_batch(config, micro_batch: int) -> dict[str, torch.Tensor]:
     return {"pixel_values": pixels, "labels": torch.zeros(micro_batch, dtype=torch.long)}
 
 
-def training_step(model, optimizer, batches, plan, marks=NoMarks(), forward_contexts=None) -> None:
+def training_step(model, optimizer, batches, setup, marks=NoMarks(), forward_contexts=None) -> None:
     """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step (its own
     fp16 autocast on the CPU wraps the whole call, see trainer.py; Accelerate's is in model.forward).
-    `forward_contexts` stand in for the plan's where the trace runs them otherwise (fake.save_on_host)."""
-    dtype, accumulation = plan.autocast_dtype, plan.accumulation_steps
+    `forward_contexts` stand in for the setup's where the trace runs them otherwise (fake.save_on_host)."""
+    dtype, accumulation = setup.autocast_dtype, setup.accumulation_steps
     for n, batch in enumerate(batches):
         with sharded.no_sync(model, sync=n == len(batches) - 1):
             marks.mark("forward")
             with contextlib.ExitStack() as stack:
                 if dtype is not None:
                     stack.enter_context(torch.autocast("cpu", dtype=dtype))
-                for make_context in plan.forward_contexts if forward_contexts is None else forward_contexts:
+                for make_context in setup.forward_contexts if forward_contexts is None else forward_contexts:
                     stack.enter_context(make_context())
                 loss = model(**batch).loss
             loss = loss / accumulation
-            if plan.grad_scaler or plan.args.get("fp16"):
+            if setup.grad_scaler or setup.args.get("fp16"):
                 loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
             marks.mark("backward")
             loss.backward()
             marks.tag_grads(model)
     marks.mark("step")
     if optimizer is not None:
-        if plan.args.get("max_grad_norm", 0) > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.args["max_grad_norm"])
+        if setup.args.get("max_grad_norm", 0) > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), setup.args["max_grad_norm"])
         optimizer.step()
     model.zero_grad()
     marks.mark("end")

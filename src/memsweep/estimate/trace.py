@@ -1,5 +1,5 @@
 """The trace: one warm-up and one measured training step of the job's real composed model (the same
-Plan, model class, technique transforms and optimizer class as a real job) on fake tensors (fake.py:
+Setup, model class, technique transforms and optimizer class as a real job) on fake tensors (fake.py:
 shapes and dtypes, no storage), measured by the same LedgerTracker (torch's MemTracker) as real jobs.
 No weights, no data, no GPU; on the CPU it reproduces the measured ledger. FLOPs come from the warm-up
 step's ops, each by torch.utils.flop_counter's formulas (op_record.py records them).
@@ -11,7 +11,7 @@ job (adjust.py) they are adjusted by the job's arithmetic and are the reading.
 """
 import contextlib
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -20,21 +20,29 @@ from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
 from . import adjust, capture, fake, op_record, products, scratch, sharded, zero
-from .step import build_optimizer, fake_batch, flat_partition_ops, flat_partition_step, optimizer_spec, \
-    state_bytes, trainer_arguments, training_step
+from .step import (
+    build_optimizer,
+    fake_batch,
+    flat_partition_ops,
+    flat_partition_step,
+    optimizer_spec,
+    state_bytes,
+    trainer_arguments,
+    training_step,
+)
 
 
 @contextlib.contextmanager
-def fake_job(job: Config, plan, profile: HardwareConf, model):
+def fake_job(job: Config, setup, profile: HardwareConf, model):
     """The model as the job runs it, on fake tensors: as rank 0 of the job's ranks (nodes x nproc) under FSDP,
     wrapped as Accelerate wraps the real job, with no bitsandbytes overrides left by earlier jobs, run eager."""
     with contextlib.ExitStack() as stack:
-        if plan.techniques.fsdp.on:
+        if setup.techniques.fsdp.on:
             # TrainingArguments asked for outside the fake process group (inside, they warn it is not theirs)
-            args = trainer_arguments(plan, ("fsdp", "fsdp_config", "bf16", "fp16"))
-            stack.enter_context(sharded.fake_process_group(plan.world_size))
-            model = sharded.shard(model, args.fsdp_plugin_args, fake.accelerate_dtype(plan))
-        model = stack.enter_context(fake.on_fake_tensors(model, plan, profile))
+            args = trainer_arguments(setup, ("fsdp", "fsdp_config", "bf16", "fp16"))
+            stack.enter_context(sharded.fake_process_group(setup.world_size))
+            model = sharded.shard(model, args.fsdp_plugin_args, fake.accelerate_dtype(setup))
+        model = stack.enter_context(fake.on_fake_tensors(model, setup, profile))
         stack.enter_context(optim.own_bitsandbytes_overrides())
         stack.enter_context(eager())
         yield model
@@ -45,15 +53,15 @@ def workspace_bytes(profile: HardwareConf) -> int:
     return capture.cublas_workspace_bytes(profile.compute_capability) if profile.device == "cuda" else 0
 
 
-def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[adjust.Adjustment] = None,
+def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.Adjustment | None = None,
           ) -> dict[str, Any]:
     """The ledger of one training step of `model` (meta.traced_model of `job`, the adjustment's nearest
     job where there is one) on fake tensors, as LedgerCallback takes it on a real job, and its FLOPs."""
     started = time.perf_counter()
-    spec = optimizer_spec(plan, model)
-    with fake_job(job, plan, profile, model) as model:
-        optimizer = None if adjustment and adjustment.flat_numel else build_optimizer(plan, model, profile, spec)
-        flops, ops, sequence, products, recomputed = warm_up(job, plan, model, optimizer,
+    spec = optimizer_spec(setup, model)
+    with fake_job(job, setup, profile, model) as model:
+        optimizer = None if adjustment and adjustment.flat_numel else build_optimizer(setup, model, profile, spec)
+        flops, ops, sequence, products, recomputed = warm_up(job, setup, model, optimizer,
                                                              on_cpu=profile.device == "cpu")
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
@@ -64,16 +72,16 @@ def trace(job: Config, profile: HardwareConf, plan, model, adjustment: Optional[
         forward = [lambda: fake.save_on_host(recorder)] if adjustment and adjustment.save_on_host else None
         # On a CPU the collated batch is the tensor the model reads, made before the step begins (outside
         # the real ledger); a GPU job copies it to the device inside the step.
-        early = measured_batches(job, plan, model) if profile.device != "cuda" else None
+        early = measured_batches(job, setup, model) if profile.device != "cuda" else None
         recorder.outside(early or [])
         walked = zero.hooks(model, recorder) if adjustment and adjustment.zero else contextlib.nullcontext()
         held = zero.held_until_step(model) if adjustment and adjustment.module_units else []
         with tracker, recorder, walked:
-            batches = early or measured_batches(job, plan, model)
-            training_step(model, optimizer, batches, plan, marks=zero.ReshardAfterBackward(recorder, held),
+            batches = early or measured_batches(job, setup, model)
+            training_step(model, optimizer, batches, setup, marks=zero.ReshardAfterBackward(recorder, held),
                           forward_contexts=forward)
         reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
-                   "flops_per_step": flops * plan.accumulation_steps, "roofline_ops": ops,
+                   "flops_per_step": flops * setup.accumulation_steps, "roofline_ops": ops,
                    "roofline_sequence": sequence, "roofline_products": products, "recomputed_ops": recomputed,
                    "modules": sum(1 for _ in model.modules()),  # what Trainer walks each micro-batch
                    "paged_in_bytes": capture.paged_in(recorder.events, len(batches)),
@@ -132,25 +140,25 @@ def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
     return {**traced, "allocator": readings[(gpu, workspace)], "gpu": gpu, "workspace": workspace}
 
 
-def warm_up(job: Config, plan, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list, int]:
+def warm_up(job: Config, setup, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list, int]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
     behind. Its ops are recorded here (op_record.py): one micro-batch's forward and backward (and how many of the
     backward's ops recompute the forward: activation checkpointing), and the optimizer step; their FLOPs are the
     micro-batch's (torch.utils.flop_counter's formulas, op by op, as FlopCounterMode sums them). The measured
     step runs under the ledger and the recorder only: a counting mode there can keep what it sees alive
     (FlopCounterMode keeps checkpointing's recomputed activations: a false peak)."""
-    batch = fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
+    batch = fake_batch(model, setup.micro_batch_size, job.max_seq_len, setup.task)
     with op_record.recording(on_cpu) as ops:
-        training_step(model, optimizer, [batch], plan, marks=ops)
+        training_step(model, optimizer, [batch], setup, marks=ops)
     record = op_record.reading(ops)
     return op_record.micro_batch_flops(record), record, ops.sequence, products.reading(ops), ops.recomputed
 
 
-def measured_batches(job: Config, plan, model) -> list:
+def measured_batches(job: Config, setup, model) -> list:
     """The measured step's micro-batches. Those after the second repeat the second one exactly (all
     gradients alive, the same activations), so two stand for any number."""
-    return [fake_batch(model, plan.micro_batch_size, job.max_seq_len, plan.task)
-            for _ in range(min(plan.accumulation_steps, 2))]
+    return [fake_batch(model, setup.micro_batch_size, job.max_seq_len, setup.task)
+            for _ in range(min(setup.accumulation_steps, 2))]
 
 
 def flat_step_ops(reading: dict, adjustment: adjust.Adjustment, spec, profile: HardwareConf, model) -> dict:

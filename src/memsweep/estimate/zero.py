@@ -27,7 +27,6 @@ replayed here for each rank of `distributed.nproc`, with the sizes of the job's 
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 # stage_1_and_2.py: nccl_start_alignment_factor, 4-byte alignment / sizeof(fp16)
 ALIGNMENT = 2
@@ -43,7 +42,7 @@ class Settings:
     groups: tuple  # per optimizer param group: ((name, numel), ...) in the group's order
 
 
-def settings(ds_config: dict, model, world: int, dtype_bytes: int) -> Optional[Settings]:
+def settings(ds_config: dict, model, world: int, dtype_bytes: int) -> Settings | None:
     """The walk's settings from the job's DeepSpeed JSON (its "auto" sizes as transformers' HfTrainerDeepSpeedConfig
     fills them: reduce_bucket_size = hidden_size**2), read through DeepSpeed's own config class for its defaults;
     None where stage 2's contiguous-gradient path does not apply (another stage, no contiguous_gradients,
@@ -131,7 +130,7 @@ class Walk:
         self.elements = 0
         self.bucket_made = False
         self.micro_batch = 0
-        self.partition: Optional[tuple] = None  # this micro-batch's grads_in_partition block
+        self.partition: tuple | None = None  # this micro-batch's grads_in_partition block
 
     def block(self, key, nbytes: int, category: str) -> None:
         self.out.append(("alloc", key, nbytes))

@@ -6,7 +6,6 @@ and has allocated nothing on a GPU.
 """
 import resource
 import sys
-from typing import Optional
 
 
 def process_peak_rss() -> int:
@@ -26,7 +25,7 @@ def reset_cuda_peak() -> None:
         cuda.reset_peak_memory_stats()
 
 
-def device_used() -> Optional[int]:
+def device_used() -> int | None:
     """What nvidia-smi shows this process using on its GPU (its CUDA context and what its allocator
     reserved: the "used" a prediction of reserved + context stands for), read through NVML; None without
     CUDA or NVML. The device-wide figure is not it: NVML's default (v1) "used" also counts the driver's
@@ -54,7 +53,7 @@ def device_used() -> Optional[int]:
         return None
 
 
-def device_used_peak() -> tuple[Optional[int], Optional[int]]:
+def device_used_peak() -> tuple[int | None, int | None]:
     """(the job's peak "used", the part of "used" that is not the caching allocator's: the CUDA context
     and the libraries' own memory); (None, None) without CUDA or NVML. NVML reads the present only, and
     Trainer empties the allocator's cache after training (accelerate's free_memory), so "used" at the end
@@ -74,7 +73,7 @@ def _pci_bus_id(cuda) -> str:
     return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
 
 
-def cuda_peaks() -> tuple[Optional[int], Optional[int]]:
+def cuda_peaks() -> tuple[int | None, int | None]:
     """(max_memory_allocated, max_memory_reserved) since the last reset; (None, None) without CUDA."""
     if (cuda := _cuda()) is None:
         return None, None

@@ -1,6 +1,5 @@
 """Durations and ETAs as a person reads them, for a job's progress (progress.py) and a sweep's
 (callbacks.JobProgress). Imports nothing: the Hydra callbacks load it also for `--help`."""
-from typing import Optional
 
 
 def duration(seconds: float) -> str:
@@ -13,7 +12,7 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def remaining(done: float, total: float, elapsed: float) -> Optional[float]:
+def remaining(done: float, total: float, elapsed: float) -> float | None:
     """Seconds left at the mean rate so far; None before anything is done (no rate yet)."""
     if done <= 0 or total <= 0:
         return None

@@ -8,16 +8,22 @@ the optimizer itself and the rest is reported as temporaries.
 """
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.distributed._tools import mod_tracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import TrainerCallback
 
-from ..run import host_memory
-from .optimizer_state import (inner_optimizer, on_device, optimizer_kernel, optimizer_state_bytes, own_weights,
-                              peak_learning_rate)
+from . import host_memory
+from .optimizer_state import (
+    inner_optimizer,
+    on_device,
+    optimizer_kernel,
+    optimizer_state_bytes,
+    own_weights,
+    peak_learning_rate,
+)
 
 # MemTracker warns on every backward hook whose module was collected; nothing is lost.
 warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
@@ -120,8 +126,8 @@ class Ledger:
     activations_bytes: int = 0
     grads_bytes: int = 0  # the gradients' own maximum (at the peak they may be freed already)
     optimizer_bytes: int = 0  # true optimizer state
-    compute_dtype: Optional[str] = None
-    micro_batch_size: Optional[int] = None
+    compute_dtype: str | None = None
+    micro_batch_size: int | None = None
     dataloader: dict[str, Any] = field(default_factory=dict)
 
 
@@ -130,8 +136,8 @@ class LedgerCallback(TrainerCallback):
 
     def __init__(self, step: int, seq_len: int, enabled: bool = True):
         self.step, self.seq_len, self.enabled = step, seq_len, enabled
-        self.tracker: Optional[LedgerTracker] = None
-        self.ledger: Optional[Ledger] = None
+        self.tracker: LedgerTracker | None = None
+        self.ledger: Ledger | None = None
         self._hook = None
 
     def on_step_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
@@ -221,7 +227,7 @@ def checkpointed_layers(model) -> int:
                if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False))
 
 
-def fsdp_audit(model) -> Optional[dict[str, Any]]:
+def fsdp_audit(model) -> dict[str, Any] | None:
     """What FSDP2 sharded, read off the model's FSDP units (None: no FSDP). Counted from the units'
     own records, not from `model.parameters()`, which shows unsharded copies between a forward and
     its backward. Uses FSDP2's private per-unit state (torch 2.13; tests/test_fsdp.py guards it)."""
@@ -251,7 +257,7 @@ def fsdp_audit(model) -> Optional[dict[str, Any]]:
     }
 
 
-def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
+def effective(model, trainer, ledger: Ledger | None) -> dict[str, Any]:
     """What was in effect, observed on the running job (not copied from the config)."""
     params = list(model.parameters())
     dtypes: dict[str, int] = {}
@@ -279,7 +285,7 @@ def effective(model, trainer, ledger: Optional[Ledger]) -> dict[str, Any]:
         "micro_batch_size": ledger.micro_batch_size if ledger else trainer.args.per_device_train_batch_size,
         "deepspeed_stage": stage,
         "fsdp": fsdp_audit(model),
-        "lora_modules": sum(1 for m in model.modules() if hasattr(m, "lora_A") and len(getattr(m, "lora_A")) > 0),
+        "lora_modules": sum(1 for m in model.modules() if hasattr(m, "lora_A") and len(m.lora_A) > 0),
         "grad_scaler": type(trainer.accelerator.scaler).__name__ if trainer.accelerator.scaler else None,
         "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "compiled": type(trainer.model_wrapped).__name__ == "OptimizedModule" or hasattr(model, "_orig_mod"),

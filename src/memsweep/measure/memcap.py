@@ -11,7 +11,7 @@ which job.py records as `status: oom`. It is the CPU counterpart of the CUDA cap
 Loading (tokenizer threads, memory-mapped datasets) stays outside the cap, as it would stay off a GPU.
 It caps address space, not resident memory, so it over-counts: thread stacks and malloc arenas
 count too. Under the cap every block of 128 KiB or more is mapped on its own and unmapped when freed
-(run/host_memory.py): a heap would count its holes too, freed blocks the next, larger one cannot use.
+(measure/host_memory.py): a heap would count its holes too, freed blocks the next, larger one cannot use.
 Use it to force and bracket OOMs, not as an exact stand-in for a GPU's capacity.
 Linux only (it reads /proc/self/statm). Native code that aborts on a failed allocation (the Rust
 tokenizers, OpenMP creating threads) ends the whole process, so keep the cap above what the job
@@ -20,12 +20,12 @@ needs to load its data and start its threads.
 import os
 import resource
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Iterator
+from typing import ContextManager
 
 from ..config.schema import HardwareConf
-from ..run import host_memory
-
+from . import host_memory
 
 ONEDNN_FAILED = "could not create a primitive"
 

@@ -2,7 +2,6 @@
 `optimizer.step()` as optimizer state, temporaries included): its state's bytes, the weights it keeps
 beside the model's (DeepSpeed's partitions), its kernel and learning rate. Through Accelerate's and
 DeepSpeed's wrappers, and through wrapper tensors (FSDP2's DTensor, torchao's low-bit state)."""
-from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -74,7 +73,7 @@ def optimizer_state_bytes(optimizer) -> int:
     return total
 
 
-def peak_learning_rate(optimizer) -> Optional[float]:
+def peak_learning_rate(optimizer) -> float | None:
     """The learning rate the optimizer was given: its schedule's start (`initial_lr`, set by the scheduler)
     or, without a scheduler, its current one."""
     groups = getattr(inner_optimizer(optimizer), "param_groups", None)
@@ -83,7 +82,7 @@ def peak_learning_rate(optimizer) -> Optional[float]:
     return float(groups[0].get("initial_lr", groups[0]["lr"]))
 
 
-def optimizer_kernel(optimizer) -> Optional[str]:
+def optimizer_kernel(optimizer) -> str | None:
     """Which of torch's implementations the optimizer steps with: fused, foreach or for-loop (the
     single-tensor loop); None for optimizers outside torch.optim (bitsandbytes, Adafactor, DeepSpeed)."""
     defaults = getattr(inner_optimizer(optimizer), "defaults", {})

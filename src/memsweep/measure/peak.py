@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from ..run.host_memory import PAGE  # what a fresh page is (glibc's malloc)
+from .host_memory import PAGE  # what a fresh page is (glibc's malloc)
 
 
 def median_seconds(run, seconds: float, sync=lambda: None, warm: int = 2, least: int = 5,
@@ -258,7 +258,7 @@ def measured_at(threads: int) -> dict:
 
 def fresh_page_s() -> float:
     """seconds_per_page_fault at the thread count torch runs with, measured once per count, and only when a job
-    needs it (one that hands freed host memory back: run/host_memory.py keeps it by default)."""
+    needs it (one that hands freed host memory back: measure/host_memory.py keeps it by default)."""
     return _once_per_threads(seconds_per_page_fault, torch.get_num_threads())
 
 

@@ -8,7 +8,6 @@ dict printing (train_loop.build), which would say the same twice.
 """
 import sys
 import time
-from typing import Optional
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import has_length
@@ -38,7 +37,7 @@ class Lines:
         self.started = self.last_line = time.perf_counter()
         self.done, self.tenths_shown, self.loss = 0, 0, None
 
-    def update(self, done: int, loss: Optional[float] = None) -> None:
+    def update(self, done: int, loss: float | None = None) -> None:
         self.done, self.loss = done, loss if loss is not None else self.loss
         if done >= self.total:  # close() says it
             return
@@ -50,7 +49,7 @@ class Lines:
             self._print(f"{eta.duration(now - self.started)} elapsed"
                         + ("" if left is None else f", ETA {eta.duration(left)}"))
 
-    def close(self, loss: Optional[float] = None) -> None:
+    def close(self, loss: float | None = None) -> None:
         self.loss = loss if loss is not None else self.loss
         self._print(f"done in {eta.duration(time.perf_counter() - self.started)}")
 
@@ -67,12 +66,12 @@ class Bar:
 
         self.bar = tqdm(total=total, desc=name, unit=UNITS[name][1], dynamic_ncols=True, file=sys.stderr)
 
-    def update(self, done: int, loss: Optional[float] = None) -> None:
+    def update(self, done: int, loss: float | None = None) -> None:
         if loss is not None:
             self.bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
         self.bar.update(done - self.bar.n)
 
-    def close(self, loss: Optional[float] = None) -> None:
+    def close(self, loss: float | None = None) -> None:
         if loss is not None:
             self.bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
         self.bar.close()
@@ -88,15 +87,15 @@ class PhaseProgress(TrainerCallback):
     def __init__(self, mode: Progress):
         self.mode = resolve(mode)
         self.phase = None
-        self.loss: Optional[float] = None
-        self.evaluated: Optional[int] = None  # batches of the running evaluation (Trainer reports each one)
+        self.loss: float | None = None
+        self.evaluated: int | None = None  # batches of the running evaluation (Trainer reports each one)
 
     def _start(self, name: str, total: int) -> None:
         self.close()
         if self.mode in DISPLAYS:
             self.phase = DISPLAYS[self.mode](name, total)
 
-    def close(self, loss: Optional[float] = None) -> None:
+    def close(self, loss: float | None = None) -> None:
         """End the current phase's display (also when the phase raised: the job's ending prints next)."""
         if self.phase is not None:
             self.phase.close(loss)

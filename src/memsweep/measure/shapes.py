@@ -5,16 +5,14 @@ of it, with one line of advice. Matmuls whose dimensions are not multiples fall 
 The sequence length the model sees is the padded batch length: DataCollatorWithPadding pads each batch
 to its longest example, so it is a multiple only when `data.pad_to_multiple_of` makes it one.
 """
-from typing import Any, Optional
-
-from ..errors import ConfigError
+from typing import Any
 
 ADVICE = ("pad the vocabulary (resize_token_embeddings(pad_to_multiple_of={m})) and the sequence length "
           "(data.pad_to_multiple_of={m}) and pick micro-batch sizes that are multiples of {m} on {profile} "
           "so matmuls use tensor cores")
 
 
-def flags(multiple: int, micro_batch: int, vocab_size: Optional[int], pad_to_multiple_of: Optional[int]) -> dict[str, str]:
+def flags(multiple: int, micro_batch: int, vocab_size: int | None, pad_to_multiple_of: int | None) -> dict[str, str]:
     """{what: why} for each shape that is not a multiple of `multiple` (empty when all are, or no rule)."""
     if multiple <= 0:
         return {}
@@ -32,7 +30,7 @@ def flags(multiple: int, micro_batch: int, vocab_size: Optional[int], pad_to_mul
     return found
 
 
-def audit(profile, micro_batch: int, vocab_size: Optional[int], pad_to_multiple_of: Optional[int]) -> Optional[dict[str, Any]]:
+def audit(profile, micro_batch: int, vocab_size: int | None, pad_to_multiple_of: int | None) -> dict[str, Any] | None:
     """results.json `shape_advice`: None when the profile has no tensor-core rule (a CPU)."""
     multiple = profile.tensor_core_multiple
     if multiple <= 0:
@@ -42,30 +40,20 @@ def audit(profile, micro_batch: int, vocab_size: Optional[int], pad_to_multiple_
             "advice": ADVICE.format(m=multiple, profile=profile.name) if found else None}
 
 
-def check_padding(max_seq_len: int, pad_to_multiple_of: Optional[int]) -> None:
-    """Batches are cut to max_seq_len, then padded to the multiple: a longest batch must stay max_seq_len
-    long, as the measured (and estimated) step pads to exactly that length."""
-    if pad_to_multiple_of is None:
-        return
-    if pad_to_multiple_of <= 0 or max_seq_len % pad_to_multiple_of:
-        raise ConfigError("data.pad_to_multiple_of", f"{pad_to_multiple_of} must be a positive divisor of "
-                                                     f"max_seq_len={max_seq_len} (or null)")
-
-
-def cell(shape_advice: Optional[dict[str, Any]]) -> str:
+def cell(shape_advice: dict[str, Any] | None) -> str:
     """A sweep table's cell: what is not a multiple, "ok", or "-" without a rule."""
     if not shape_advice:
         return "-"
     return ", ".join(shape_advice["not_multiples"]) or f"ok (x{shape_advice['multiple']})"
 
 
-def table_notes(advices: list[Optional[dict[str, Any]]]) -> list[str]:
+def table_notes(advices: list[dict[str, Any] | None]) -> list[str]:
     """One advice line per distinct advice of a sweep's jobs, for under its table."""
     found = dict.fromkeys(a["advice"] for a in advices if a and a["advice"])
     return [f"tensor-core shapes: {advice}" for advice in found]
 
 
-def lines(shape_advice: Optional[dict[str, Any]]) -> list[str]:
+def lines(shape_advice: dict[str, Any] | None) -> list[str]:
     """The flags and the advice for a printed summary (nothing when all is well)."""
     if not shape_advice or not shape_advice["flags"]:
         return []

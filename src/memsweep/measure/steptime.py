@@ -8,12 +8,12 @@ once the launch queue is full, not the latency of one step).
 import resource
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any
 
 from transformers import TrainerCallback
 
 
-def process_start_unix() -> Optional[float]:
+def process_start_unix() -> float | None:
     """When this process started (seconds since the epoch), or None where psutil cannot say."""
     try:
         import psutil
@@ -32,7 +32,7 @@ def _per_step(ends: list, skip: set[int], warmup: int) -> list:
 
 
 def step_summary(step_ends: list[float], skip: set[int], warmup: int = WARMUP_STEPS,
-                 faults: Optional[list[int]] = None) -> dict[str, Any]:
+                 faults: list[int] | None = None) -> dict[str, Any]:
     """Median and count of step durations, steps numbered from 1, and (given the process's minor page
     fault count at each step end) the mean faults per step: they come in bursts, so a median hides them.
 
@@ -52,8 +52,8 @@ class StepTimer(TrainerCallback):
     def __init__(self, skip_steps: tuple[int, ...] = (), warmup: int = WARMUP_STEPS):
         self.skip = set(skip_steps)
         self.warmup = warmup
-        self.first_step_unix: Optional[float] = None
-        self.first_step_perf: Optional[float] = None
+        self.first_step_unix: float | None = None
+        self.first_step_perf: float | None = None
         self.step_ends: list[float] = []
         # Pages the process faulted in so far: host memory mapped anew each step shows here (host_memory.py).
         self.faults: list[int] = []

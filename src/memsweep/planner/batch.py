@@ -19,13 +19,12 @@ integer line, the job is traced as it is. tests/test_planner.py checks a derived
 """
 import time
 from collections import Counter
-from typing import Optional
 
 from ..config.schema import Config, HardwareConf
 from ..estimate import capture
 from ..estimate.core import assemble, device_key, estimate_job
 from ..estimate.trace import PER_GPU, for_gpu
-from ..run.plan import build_plan
+from ..run.setup import build_setup
 from .space import at_micro_batch, per_rank
 
 BASES = (2, 4)
@@ -37,7 +36,7 @@ def derivable(job: Config, m: int) -> bool:
     return m not in BASES and m >= 2 and all(share % k == 0 and share // k >= 2 for k in (*BASES, m))
 
 
-def estimate(job: Config, profile: HardwareConf, memo: dict):
+def estimate_at_micro_batch(job: Config, profile: HardwareConf, memo: dict):
     """The estimate of `job` on `profile`: from its bases' traces where derivable and they line up, else traced."""
     started, m, key = time.perf_counter(), per_rank(job) // job.accumulation.steps, device_key(job, profile)
     if key in memo or job.accumulation.steps * m != per_rank(job) or not derivable(job, m):
@@ -50,21 +49,21 @@ def estimate(job: Config, profile: HardwareConf, memo: dict):
     if traced is None or flops is None:
         return estimate_job(job, profile, memo)
     memo[key] = for_gpu({**traced, "flops_per_step": flops * job.accumulation.steps, "derived_from": BASES}, profile)
-    return assemble(job, profile, build_plan(job, profile), memo[key], started)
+    return assemble(job, profile, build_setup(job, profile), memo[key], started)
 
 
 def derived(job: Config, profile: HardwareConf, memo: dict) -> bool:
     return bool(memo.get(device_key(job, profile), {}).get("derived_from"))
 
 
-def between(a, b, m: int) -> Optional[int]:
+def between(a, b, m: int) -> int | None:
     """The value at m on the line through a at BASES[0] and b at BASES[1]; None off the integers."""
     lo, hi = BASES
     num = a * (hi - m) + b * (m - lo)
     return num // (hi - lo) if num % (hi - lo) == 0 and num >= 0 else None
 
 
-def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
+def on_line(low: dict, high: dict, m: int) -> dict | None:
     """The traced step at m from the bases' traced steps, or None where they do not line up."""
     if "events" not in low or "events" not in high or low["categories"] != high["categories"]:
         return None
@@ -85,7 +84,7 @@ def on_line(low: dict, high: dict, m: int) -> Optional[dict]:
             "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}
 
 
-def products_at(low: list, high: list, m: int) -> Optional[list]:
+def products_at(low: list, high: list, m: int) -> list | None:
     """The step's products (estimate/products.reading) at m: each operand's sizes and strides, FLOPs and bytes
     on their lines; None where the two lists do not line up."""
     if len(low) != len(high):
@@ -110,13 +109,13 @@ def products_at(low: list, high: list, m: int) -> Optional[list]:
     return out
 
 
-def shape_at(low: tuple, high: tuple, m: int) -> Optional[tuple]:
+def shape_at(low: tuple, high: tuple, m: int) -> tuple | None:
     """A reduction's input shape at m from its shapes at the bases (its batch dimensions on their lines)."""
     sizes = tuple(between(a, b, m) for a, b in zip(low, high))
     return None if len(low) != len(high) or None in sizes else sizes
 
 
-def lined_up(low: list, high: list, m: int, key, sizes=(2,)) -> Optional[list]:
+def lined_up(low: list, high: list, m: int, key, sizes=(2,)) -> list | None:
     """The entries at m, each size (at the positions `sizes` of an entry with them) on its line; None where
     the two lists differ in anything but those sizes."""
     if len(low) != len(high):

@@ -11,7 +11,6 @@ larger reserved/allocated ratio of the two traces (the fit errs on the safe side
 checks each figure against the full trace.
 """
 import dataclasses
-from typing import Optional
 
 from ..config.schema import Config, HardwareConf
 from ..estimate.core import capacity_bytes
@@ -60,25 +59,25 @@ def extrapolated(low: dict, high: dict, depths: tuple[int, int], layers: int) ->
             "reserved_bytes": int(allocated * ratio), "step_s": step_s}
 
 
-def row_figures(job: Config, profiles: list[HardwareConf], memo: dict, depths: Optional[list[int]]) -> dict:
+def row_figures(job: Config, profiles: list[HardwareConf], memo: dict, depths: list[int] | None) -> dict:
     """{profile name: figures with the fit}, and how they were made ("trace" or "trace at depths a, b, scaled")."""
     layers = layers_of(job)
     if not depths or layers <= max(depths):
-        out = {p.name: with_fit(figures(estimate(job, p, memo), job.distributed.world_size), p) for p in profiles}
+        out = {p.name: with_fit(figures(shortcut_estimate(job, p, memo), job.distributed.world_size), p) for p in profiles}
         return {"per_gpu": out, "method": "trace" + derived_note(job, profiles[0], memo)}
     d = tuple(sorted(depths))
     at = {k: dataclasses.replace(job, model=dataclasses.replace(job.model, num_layers=k)) for k in d}
     out = {}
     for p in profiles:
-        low, high = (figures(estimate(at[k], p, memo), job.distributed.world_size) for k in d)
+        low, high = (figures(shortcut_estimate(at[k], p, memo), job.distributed.world_size) for k in d)
         out[p.name] = with_fit(extrapolated(low, high, d, layers), p)
     method = f"trace at {d[0]} and {d[1]} of {layers} blocks, scaled" + derived_note(at[d[0]], profiles[0], memo)
     return {"per_gpu": out, "method": method}
 
 
-def estimate(job: Config, profile: HardwareConf, memo: dict):
+def shortcut_estimate(job: Config, profile: HardwareConf, memo: dict):
     """The job's estimate: from its precision twin's trace (twin.py), from two micro-batches' (batch.py), or traced."""
-    return twin.from_twin(job, profile, memo) or batch.estimate(job, profile, memo)
+    return twin.from_twin(job, profile, memo) or batch.estimate_at_micro_batch(job, profile, memo)
 
 
 def derived_note(job: Config, profile: HardwareConf, memo: dict) -> str:

@@ -18,21 +18,21 @@ from ..estimate.core import GIB, capacity_bytes
 from ..estimate.meta import traced_model
 from ..estimate.step import build_optimizer, optimizer_spec, state_bytes
 from ..estimate.trace import fake_job
-from ..run.plan import build_plan
+from ..run.setup import build_setup
 
 
 def held_bytes(job: Config, profile: HardwareConf) -> dict[str, int]:
     """{weights, grads, optimizer}: bytes of every weight, of a gradient per trainable weight and of the
     optimizer's state after one step, on the job's model as the trace builds it."""
-    plan = build_plan(job, profile)
-    model = traced_model(job, plan)
-    spec = optimizer_spec(plan, model)
-    with fake_job(job, plan, profile, model) as model:
+    setup = build_setup(job, profile)
+    model = traced_model(job, setup)
+    spec = optimizer_spec(setup, model)
+    with fake_job(job, setup, profile, model) as model:
         weights = sum(p.untyped_storage().nbytes() for p in model.parameters())  # a tied weight once
         trainable = [p for p in model.parameters() if p.requires_grad]
         for p in trainable:
             p.grad = torch.empty_like(p)
-        optimizer = build_optimizer(plan, model, profile, spec)
+        optimizer = build_optimizer(setup, model, profile, spec)
         optimizer.step()
         return {"weights": weights, "grads": sum(p.grad.untyped_storage().nbytes() for p in trainable),
                 "optimizer": state_bytes(optimizer)}

@@ -8,7 +8,7 @@ stop to this process: a signal stops the plan here, and leaving the pool ends th
 import multiprocessing
 import os
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 # a worker's traces and floors, kept across the units it is given
 _memo: dict = {}

@@ -1,5 +1,5 @@
 """The search: every combination of the space on every GPU, as a row that fits, does not fit, or is refused
-by a rule (config/rules.py), with its reason. Micro-batches are tried smallest first; once one fits no
+by a rule (techniques/rules.py), with its reason. Micro-batches are tried smallest first; once one fits no
 GPU, the larger ones are not traced (a larger micro-batch holds more activations and nothing less), and
 their rows say so. One trace serves every GPU (estimate.core's memo: the trace reads only the device). Before
 any trace, a combination whose weights, gradients and optimizer state (floor.py, the same at every micro-batch)
@@ -7,12 +7,12 @@ no GPU can hold is listed as not fitting on each, with the figures, and not trac
 searched in units (space.units), in worker processes where there are several CPUs (parallel.py)."""
 import dataclasses
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
-from ..config import rules
 from ..config.hardware import load_profile
 from ..config.schema import Config, HardwareConf, OffloadConf
 from ..errors import Unsupported
+from ..techniques import rules
 from . import depth, floor, parallel, space
 
 
@@ -22,7 +22,7 @@ def refusals(job: Config, profiles: list[HardwareConf]) -> dict[str, str]:
     out = {}
     for p in profiles:
         try:
-            rules.check(job, p, skip=("no-gpu",))
+            rules.refuse_unsupported(job, p, skip=("no-gpu",))
         except Unsupported as exc:
             out[p.name] = str(exc)
     return out
@@ -72,7 +72,7 @@ def floor_of(combo: dict, variant: Config, profile: HardwareConf, memo: dict) ->
     return floor.on_device(memo[key], combo)
 
 
-def search(job: Config, progress: Optional[Callable[[str], None]] = None, memo: Optional[dict] = None) -> list[dict]:
+def search(job: Config, progress: Callable[[str], None] | None = None, memo: dict | None = None) -> list[dict]:
     """Every row of the plan, unit by unit. Units (space.units) are searched in worker processes
     (parallel.py); a caller that keeps `memo` (a dict: the traces and floors made) has them searched here."""
     units, progress = space.units(job), progress or (lambda line: None)

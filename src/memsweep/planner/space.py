@@ -4,12 +4,12 @@ and what each combination changes about the training, so a row shows its quality
 
 Where the state lives (`placements`): on one process, the `offload` options (torchao's optimizer offload,
 activations in host memory); over several, DDP (each process holds everything) and the `deepspeed` and `fsdp`
-options that shard it (config/rules.py refuses offload=optimizer with several processes: DeepSpeed's and
+options that shard it (techniques/rules.py refuses offload=optimizer with several processes: DeepSpeed's and
 FSDP2's own offload options take its place there)."""
 import dataclasses
 import functools
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..config.schema import CONF_DIR, Config, OptimConf
 from ..errors import ConfigError
@@ -24,7 +24,7 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-def check(job: Config) -> None:
+def check_plan_keys(job: Config) -> None:
     """Bad input refused in one line naming the key and its allowed values (exit 2, as validate.py)."""
     plan = job.plan
     for key, group in (("hardware", "hardware"), *((g, g) for g in GROUPS), ("lora_optim", "optim"),
@@ -108,7 +108,7 @@ def at_micro_batch(job: Config, m: int) -> Config:
     return dataclasses.replace(job, accumulation=dataclasses.replace(job.accumulation, name=f"x{steps}", steps=steps))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def state_bits(option: str) -> int:
     """The bits of each optimizer moment the `optim` option stores (techniques/optim.py owns what it means)."""
     return optim.traits(section("optim", option, OptimConf).hf_name).state_bits

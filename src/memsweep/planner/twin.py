@@ -15,7 +15,7 @@ import time
 from ..config.schema import Config, HardwareConf, PrecisionName
 from ..estimate.core import assemble, device_key
 from ..estimate.trace import readable_on
-from ..run.plan import build_plan
+from ..run.setup import build_setup
 
 TWINS = {PrecisionName.fp16: PrecisionName.bf16, PrecisionName.bf16: PrecisionName.fp16}
 # the stated bound for a twin's figures against the job's own trace (the test's tolerance)
@@ -57,4 +57,4 @@ def from_twin(job: Config, profile: HardwareConf, memo: dict):
     relabelled = {**traced, "roofline_ops": ops, "roofline_sequence": sequence, "roofline_products": products,
                   "twin": theirs}
     memo[device_key(job, profile)] = relabelled
-    return assemble(job, profile, build_plan(job, profile), relabelled, started)
+    return assemble(job, profile, build_setup(job, profile), relabelled, started)

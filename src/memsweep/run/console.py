@@ -8,7 +8,6 @@ the job's input, which memsweep checks and reports itself.
 """
 import logging
 from pathlib import Path
-from typing import Optional
 
 # The packages whose records are meant for the person running the job (submitit's: a job started, requeued).
 SHOWN = ("memsweep", "hydra", "hydra_plugins", "optuna", "submitit", "__main__")
@@ -36,7 +35,7 @@ def _is_console(handler: logging.Handler) -> bool:
     return type(handler) is logging.StreamHandler
 
 
-def library_noise_to_log(log_file: Optional[Path] = None) -> None:
+def library_noise_to_log(log_file: Path | None = None) -> None:
     """Send library warnings to the log, not the console. Safe to call again: a library imported since
     (whose logger writes to the console itself, as transformers' does) is rerouted then."""
     logging.captureWarnings(True)

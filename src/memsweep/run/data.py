@@ -10,7 +10,6 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -230,8 +229,8 @@ def length_bucketed_order(lengths: list[int], batch_size: int, seed: int, bucket
     return [i for b in torch.randperm(len(batches), generator=g).tolist() for i in batches[b]]
 
 
-def typical_padded_length(lengths: list[int], micro_batch: int, accumulation: int, multiple: Optional[int],
-                          grouped: bool, seed: int, steps: Optional[int] = None,
+def typical_padded_length(lengths: list[int], micro_batch: int, accumulation: int, multiple: int | None,
+                          grouped: bool, seed: int, steps: int | None = None,
                           left_out: frozenset = frozenset()) -> int:
     """The length an optimizer step's micro-batches are padded to, typically: over an epoch batched as the
     job's sampler batches it (length_bucketed_order where `grouped`, as the job's Trainer reads its examples;

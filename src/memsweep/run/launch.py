@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import stopping
 from ..errors import STATUS_EXCEPTIONS, ConfigError
-from . import procenv, rank
+from . import procenv, rank, stopping
 from .results import Result, read
 
 
@@ -102,7 +101,7 @@ def run_ranks(job, job_dir: Path, res: Result) -> None:
         return
     errors = [read(f) for f in sorted(ranks_dir.glob(f"rank*/{rank.ERROR_FILE}"))]
     if not errors:
-        stopping.check(f"while its ranks ran (torchrun exited with {returncode})")
+        stopping.stop_if_requested(f"while its ranks ran (torchrun exited with {returncode})")
         raise RuntimeError(f"the ranks exited with {returncode} and none left a result or an error")
     # torchrun stops the other ranks when one fails, and each of them ends `interrupted`: the cause is a rank
     # that ended otherwise (all interrupted only when a person or the cluster stopped the job)

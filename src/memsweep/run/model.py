@@ -7,7 +7,7 @@ src/memsweep/archs/), else a `model.architecture` type (tiny models); the `model
 """
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..config.schema import ModelConf, ModelSource
 from ..errors import ConfigError
@@ -52,7 +52,7 @@ def _shipped_or_path(name: str) -> Path:
                                       f"folder; allowed: {', '.join(shipped_configs())}, or a path")
 
 
-def weights_config(cfg: ModelConf) -> tuple[Optional[Path], str]:
+def weights_config(cfg: ModelConf) -> tuple[Path | None, str]:
     """The weights' own config.json where it is on disk (embedded model, local folder, Hugging Face cache).
     An embedded model not built yet has none: its architecture is the one shipped with memsweep."""
     if cfg.source == ModelSource.embedded:
@@ -70,7 +70,7 @@ def weights_config(cfg: ModelConf) -> tuple[Optional[Path], str]:
     return None, ""
 
 
-def config_file(cfg: ModelConf) -> tuple[Optional[Path], str]:
+def config_file(cfg: ModelConf) -> tuple[Path | None, str]:
     """The config.json the architecture is read from, and a description; (None, ...) when there is none
     (a tiny model built from `model.architecture`)."""
     path, source = weights_config(cfg)
@@ -236,19 +236,5 @@ def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any], aut
         raise ConfigError("attention", str(exc)[:300]) from None
 
 
-def find_module(model, dotted: str):
-    """`model.bert.encoder.layer` from 'bert.encoder.layer', looking through a peft wrapper."""
-    for root in (model, getattr(model, "base_model", None), getattr(getattr(model, "base_model", None), "model", None)):
-        node = root
-        try:
-            for part in dotted.split("."):
-                node = getattr(node, part)
-            return node
-        except AttributeError:
-            continue
-    raise ConfigError("model", f"module {dotted!r} not found in {type(model).__name__}; check model.embeddings_module "
-                               "/ model.layers_module / model.head_modules (null: found from the model)")
-
-
-__all__ = ["load_tokenizer", "load_model", "hf_config", "config_values", "weights_source", "find_module", "meta_model",
+__all__ = ["load_tokenizer", "load_model", "hf_config", "config_values", "weights_source", "meta_model",
            "pad_token_id"]

@@ -15,8 +15,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from ..errors import ConfigError
 
@@ -48,7 +48,7 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def smollm2_folder(build: bool = True) -> Optional[Path]:
+def smollm2_folder(build: bool = True) -> Path | None:
     """The built folder; None when it is not built yet and `build` is false (an estimate reads the
     architecture shipped with memsweep instead of building the weights)."""
     from importlib import metadata
@@ -95,10 +95,10 @@ def dequantized_folder(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-FOLDERS: dict[str, Callable[[bool], Optional[Path]]] = {"minilm": minilm_folder, "smollm2-135m": smollm2_folder}
+FOLDERS: dict[str, Callable[[bool], Path | None]] = {"minilm": minilm_folder, "smollm2-135m": smollm2_folder}
 
 
-def folder(name: str, build: bool = True) -> Optional[Path]:
+def folder(name: str, build: bool = True) -> Path | None:
     """The model folder of an embedded model, by its name (model.name)."""
     if name not in FOLDERS:
         raise ConfigError("model.name", f"{name!r} is not a model shipped in a package; allowed with "

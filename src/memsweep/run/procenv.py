@@ -1,8 +1,8 @@
 """The process environment a job runs in: set-up once per process, a process group of one for a job
 that needs it, and the teardown that leaves the process clean for the next job of a sweep.
 
-Only this module changes `os.environ` for a job. Building a Plan has no side effects: a technique
-that needs torch.distributed (DeepSpeed, FSDP) says so in `plan.process_group`, and the job enters
+Only this module changes `os.environ` for a job. Building a Setup has no side effects: a technique
+that needs torch.distributed (DeepSpeed, FSDP) says so in `setup.process_group`, and the job enters
 the group here when it builds its Trainer.
 """
 import gc

@@ -15,10 +15,9 @@ from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
 
-from . import stopping
 from ..config import hardware
 from ..errors import outcome
-from . import procenv, results
+from . import procenv, results, stopping
 
 # Files of a multi-process job, under its job dir: the job the ranks run, each rank's own dir (its
 # Trainer output, its own ledger and loss in rank.json, and error.json if it failed) and the result

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,7 +29,7 @@ NOT_HASHED = ("hydra", "report", "logger", "progress")
 
 
 class Section:
-    def update(self, values: Optional[dict[str, Any]] = None, **more: Any) -> None:
+    def update(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Set fields by name; a name the section does not have is a bug, not a new field."""
         for key, value in {**(values or {}), **more}.items():
             if key not in self.__dataclass_fields__:
@@ -39,78 +39,78 @@ class Section:
 
 @dataclass
 class Metrics(Section):
-    f1: Optional[float] = None
-    accuracy: Optional[float] = None
-    train_loss: Optional[float] = None
-    eval_loss: Optional[float] = None
-    perplexity: Optional[float] = None  # task=causal_lm: exp(eval_loss)
-    eval_loss_before: Optional[float] = None  # task=causal_lm: the same eval split before training
-    perplexity_before: Optional[float] = None
+    f1: float | None = None
+    accuracy: float | None = None
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    perplexity: float | None = None  # task=causal_lm: exp(eval_loss)
+    eval_loss_before: float | None = None  # task=causal_lm: the same eval split before training
+    perplexity_before: float | None = None
 
 
 @dataclass
 class Timing(Section):
-    train_s: Optional[float] = None
-    total_s: Optional[float] = None
-    samples_per_s: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    optimizer_steps: Optional[int] = None
-    step_s_median: Optional[float] = None  # per optimizer step, warm-up and ledger steps left out
-    steps_timed: Optional[int] = None
-    setup_s: Optional[float] = None  # job set-up to the first step
-    startup_s: Optional[float] = None  # process start to the first step
-    minor_faults_per_step: Optional[int] = None
-    eval_s: Optional[float] = None
-    eval_before_s: Optional[float] = None  # task=causal_lm: the eval split before training
+    train_s: float | None = None
+    total_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    optimizer_steps: int | None = None
+    step_s_median: float | None = None  # per optimizer step, warm-up and ledger steps left out
+    steps_timed: int | None = None
+    setup_s: float | None = None  # job set-up to the first step
+    startup_s: float | None = None  # process start to the first step
+    minor_faults_per_step: int | None = None
+    eval_s: float | None = None
+    eval_before_s: float | None = None  # task=causal_lm: the eval split before training
 
 
 @dataclass
 class Memory(Section):
-    peak_bytes: Optional[int] = None
-    params_bytes: Optional[int] = None
-    grads_bytes: Optional[int] = None
-    optimizer_bytes: Optional[int] = None
-    activations_bytes: Optional[int] = None
-    buffers_bytes: Optional[int] = None
-    temp_bytes: Optional[int] = None
-    other_bytes: Optional[int] = None
-    peak_breakdown: Optional[dict[str, int]] = None  # at the peak; sums to peak_bytes
-    ledger_step: Optional[int] = None
-    ledger_seq_len: Optional[int] = None
-    device: Optional[str] = None
-    cuda_max_allocated: Optional[int] = None
-    cuda_max_reserved: Optional[int] = None
-    device_used_bytes: Optional[int] = None  # nvidia-smi's "used" (NVML) at its peak (counters.device_used_peak)
-    cuda_context_bytes: Optional[int] = None  # what "used" holds beside the caching allocator: context, libraries
-    process_peak_rss: Optional[int] = None
-    per_rank: Optional[list[dict[str, Any]]] = None  # multi-process jobs: each rank's ledger
+    peak_bytes: int | None = None
+    params_bytes: int | None = None
+    grads_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    activations_bytes: int | None = None
+    buffers_bytes: int | None = None
+    temp_bytes: int | None = None
+    other_bytes: int | None = None
+    peak_breakdown: dict[str, int] | None = None  # at the peak; sums to peak_bytes
+    ledger_step: int | None = None
+    ledger_seq_len: int | None = None
+    device: str | None = None
+    cuda_max_allocated: int | None = None
+    cuda_max_reserved: int | None = None
+    device_used_bytes: int | None = None  # nvidia-smi's "used" (NVML) at its peak (counters.device_used_peak)
+    cuda_context_bytes: int | None = None  # what "used" holds beside the caching allocator: context, libraries
+    process_peak_rss: int | None = None
+    per_rank: list[dict[str, Any]] | None = None  # multi-process jobs: each rank's ledger
 
 
 @dataclass
 class Result:
     status: str = "failed"
-    reason: Optional[str] = "the job did not finish"
+    reason: str | None = "the job did not finish"
     overrides: list[str] = field(default_factory=list)
     config_hash: str = ""
-    wandb_group: Optional[str] = None  # the sweep's (or single run's) W&B group, see sweep.wandb_group
+    wandb_group: str | None = None  # the sweep's (or single run's) W&B group, see sweep.wandb_group
     metrics: Metrics = field(default_factory=Metrics)
     time: Timing = field(default_factory=Timing)
     memory: Memory = field(default_factory=Memory)
     effective: dict[str, Any] = field(default_factory=dict)  # what was observed in effect (measure.effective)
     # Where the learning rate came from (the value that ran is effective.learning_rate): a preset row's
     # stated source (tags.lr_source), an lr override, or the optimizer's own default.
-    lr_source: Optional[str] = None
-    estimate: Optional[dict[str, Any]] = None  # the estimator's prediction, made before training
-    shape_advice: Optional[dict[str, Any]] = None  # tensor-core shape flags on a GPU profile (shapes.py)
-    hardware: Optional[dict[str, Any]] = None  # the resolved hardware profile
+    lr_source: str | None = None
+    estimate: dict[str, Any] | None = None  # the estimator's prediction, made before training
+    shape_advice: dict[str, Any] | None = None  # tensor-core shape flags on a GPU profile (shapes.py)
+    hardware: dict[str, Any] | None = None  # the resolved hardware profile
     data: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, Optional[str]] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, overrides: list[str], cfg_hash: str, wandb_group: Optional[str] = None) -> "Result":
+    def start(cls, overrides: list[str], cfg_hash: str, wandb_group: str | None = None) -> "Result":
         return cls(overrides=list(overrides), config_hash=cfg_hash, wandb_group=wandb_group, versions=versions())
 
-    def end(self, status: str, reason: Optional[str]) -> None:
+    def end(self, status: str, reason: str | None) -> None:
         self.status, self.reason = status, reason
 
     def merge(self, saved: dict[str, Any], sections: tuple[str, ...]) -> None:
@@ -142,7 +142,7 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def versions() -> dict[str, Optional[str]]:
+def versions() -> dict[str, str | None]:
     found = {}
     for name in VERSIONED:
         try:
@@ -162,7 +162,7 @@ def write(path: Path, results: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read(path: Path) -> Optional[dict[str, Any]]:
+def read(path: Path) -> dict[str, Any] | None:
     """A complete results file, or None (missing, or not valid JSON)."""
     try:
         with open(path) as f:

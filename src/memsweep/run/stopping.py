@@ -22,6 +22,7 @@ is ignored too; a cluster in a hurry follows them with SIGKILL.
 On the cluster's signal the job, once ended, hands over to submitit's own handler, which calls the
 launcher's `checkpoint()` and requeues the job (`hand_over`); the requeued job runs again from its start.
 """
+import _thread
 import functools
 import os
 import signal
@@ -29,10 +30,10 @@ import sys
 import threading
 import time
 import weakref
-import _thread
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from ..errors import Interrupted
 
@@ -44,12 +45,12 @@ REDELIVER_AFTER_S = 0.001
 
 @dataclass
 class _State:
-    signum: Optional[int] = None  # the stop asked for, once one is
+    signum: int | None = None  # the stop asked for, once one is
     at: float = 0.0  # when (monotonic)
-    where: Optional[str] = None  # inside an `interruptible` block: raise, saying this
+    where: str | None = None  # inside an `interruptible` block: raise, saying this
     previous: dict[int, Any] = field(default_factory=dict)  # the handlers ours replaced
-    raised: Optional[Callable[[], Optional[Interrupted]]] = None  # what the handler raised last, and where
-    raised_where: Optional[str] = None
+    raised: Callable[[], Interrupted | None] | None = None  # what the handler raised last, and where
+    raised_where: str | None = None
     redelivered: bool = False  # the next call of the handler is `_redeliver`'s, not a new signal
     in_hook: bool = False  # inside `_redeliver`
     unraisable_hook: Any = None  # sys.unraisablehook as it was before `install`
@@ -58,7 +59,7 @@ class _State:
 _state = _State()
 
 
-def requested() -> Optional[int]:
+def requested() -> int | None:
     """The signal that asked this process to stop, or None."""
     return _state.signum
 
@@ -67,7 +68,7 @@ def name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def cluster_signal() -> Optional[int]:
+def cluster_signal() -> int | None:
     """submitit's time-limit/preemption signal (USR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise) when
     this process runs a submitit job, else None."""
     if "SUBMITIT_FOLDER" not in os.environ:  # set by submitit in every job it runs; saves importing it
@@ -172,15 +173,15 @@ def handling() -> Iterator[None]:
             uninstall()
 
 
-def check(where: str) -> None:
+def stop_if_requested(where: str) -> None:
     """Raise Interrupted if a stop was asked for (`where`: what the job was doing)."""
     if _state.signum is not None:
         raise Interrupted(_state.signum, where)
 
 
 @contextmanager
-def _mode(where: Optional[str]) -> Iterator[None]:
-    check(where or "before training")
+def _mode(where: str | None) -> Iterator[None]:
+    stop_if_requested(where or "before training")
     outer, _state.where = _state.where, where
     try:
         yield
@@ -203,7 +204,7 @@ def hand_over() -> None:
     `checkpoint()` -> a DelayedSubmission of the same job) and requeues it, then exits. A job it will
     not requeue (timed out too often, or not checkpointable) just ends."""
     signum = _state.signum
-    handler: Optional[Callable] = _state.previous.get(signum) if signum is not None else None
+    handler: Callable | None = _state.previous.get(signum) if signum is not None else None
     if signum is None or signum != cluster_signal() or not callable(handler):
         return
     from submitit.core.utils import UncompletedJobError
@@ -214,14 +215,14 @@ def hand_over() -> None:
         print(f"[memsweep] not requeued: {exc}", flush=True)
 
 
-def _worker_ignores_stops(init: Optional[Callable], worker_id: int) -> None:
+def _worker_ignores_stops(init: Callable | None, worker_id: int) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     if init is not None:
         init(worker_id)
 
 
-def leave_stops_to_the_job(init: Optional[Callable]) -> Callable:
+def leave_stops_to_the_job(init: Callable | None) -> Callable:
     """A DataLoader `worker_init_fn` (around `init`) for workers that leave stopping to the job's process.
     A terminal's Ctrl-C and a cluster's SIGTERM reach the workers too, and torch fails the job when a
     worker dies, before it could stop at its next optimizer step; the job's process ends its workers

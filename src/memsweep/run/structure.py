@@ -121,6 +121,6 @@ def found(job) -> Found:
     return _FOUND[id(model)]
 
 
-def for_job(job) -> Structure:
+def of_job(job) -> Structure:
     """The structure of a job's model, read off the model built on the meta device (no weights, no memory)."""
     return with_overrides(found(job).structure, job.model)

@@ -13,20 +13,11 @@ and the quality metric.
   accuracy (and macro F1) of the eval split's predictions.
 """
 import math
-from typing import Optional
 
 from ..config.schema import TaskConf, TaskName
 
-# The results.json metric that says how good a job is, and whether higher is better.
-QUALITY = {TaskName.classification: ("f1", True), TaskName.causal_lm: ("perplexity", False),
-           TaskName.image_classification: ("accuracy", True)}
-# Every metric a task's jobs report (results.json `metrics`), and whether higher is better.
-METRICS = {TaskName.classification: {"f1": True, "accuracy": True, "eval_loss": False, "train_loss": False},
-           TaskName.causal_lm: {"perplexity": False, "eval_loss": False, "train_loss": False},
-           TaskName.image_classification: {"accuracy": True, "f1": True, "eval_loss": False, "train_loss": False}}
 
-
-def head_refusal(name, model_type: str, is_decoder: bool = False) -> Optional[str]:
+def head_refusal(name, model_type: str, is_decoder: bool = False) -> str | None:
     """Why a model of this transformers type cannot take the task's head (None when it can), from
     transformers' own tables of which architecture has which head. A causal LM needs a decoder: an
     encoder with a masked-LM head (BERT) reads the whole text at once, and its causal-LM class only
@@ -54,18 +45,6 @@ def auto_class(cfg: TaskConf):
     return getattr(transformers, {TaskName.causal_lm: "AutoModelForCausalLM",
                                   TaskName.image_classification: "AutoModelForImageClassification"}.get(
         cfg.name, "AutoModelForSequenceClassification"))
-
-
-def peft_task_type(name) -> Optional[str]:
-    """peft's task type: its wrapper for the head (none for an image classifier, whose batch peft passes on as
-    it is)."""
-    return {TaskName.causal_lm: "CAUSAL_LM", TaskName.classification: "SEQ_CLS"}.get(TaskName(name))
-
-
-def new_head(name) -> bool:
-    """Whether the task puts a new head on the model (a classifier, trained in full under LoRA); a causal LM's
-    head is the model's own vocabulary projection."""
-    return TaskName(name) != TaskName.causal_lm
 
 
 def images(cfg: TaskConf) -> bool:

@@ -1,4 +1,4 @@
-"""Build the job from its plan, train it with Trainer, evaluate it, and fill in the results."""
+"""Build the job from its setup, train it with Trainer, evaluate it, and fill in the results."""
 import math
 import time
 from dataclasses import dataclass
@@ -8,19 +8,16 @@ import torch
 from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from . import stopping
 from ..config.schema import Config, HardwareConf, Progress
 from ..errors import Diverged
-from ..measure import memcap
-from ..measure import progress, shapes
+from ..measure import host_memory, memcap, progress, shapes
 from ..measure.ledger import LedgerCallback, effective, param_bytes
-from ..measure.steptime import WARMUP_STEPS, StepTimer
+from ..measure.steptime import StepTimer
 from ..techniques import offload, optim
 from . import data as data_mod
-from . import host_memory, images
+from . import images, procenv, stopping, task
 from . import model as model_mod
-from . import procenv, task
-from .plan import Plan, build_plan
+from .setup import Setup, build_setup
 from .results import Result
 from .trainer import BeforeTraining, DivergenceCallback, MemsweepTrainer, StopCallback, WandbLogCallback
 
@@ -35,7 +32,7 @@ def optimizer_steps(n_train: int, micro_batch: int, accumulation: int, world_siz
     return max(1, math.ceil(per_epoch * epochs))
 
 
-def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArguments:
+def training_arguments(job: Config, setup: Setup, out_dir: Path) -> TrainingArguments:
     return TrainingArguments(
         output_dir=str(out_dir),
         report_to="none",  # memsweep logs to W&B itself, one run per job
@@ -50,14 +47,14 @@ def training_arguments(job: Config, plan: Plan, out_dir: Path) -> TrainingArgume
         per_device_eval_batch_size=job.eval_batch_size,
         seed=job.seed,
         data_seed=job.seed,
-        use_cpu=plan.device == "cpu",
+        use_cpu=setup.device == "cpu",
         # images have no tokens to count (the samples are counted)
         include_num_input_tokens_seen="no" if task.images(job.task) else "non_padding",
         # Every trainable parameter takes part in the forward; DDP's search for unused ones costs a
         # graph traversal per step (ignored without DDP).
         ddp_find_unused_parameters=False,
         ddp_backend=None if job.distributed.backend == "auto" else job.distributed.backend,
-        **plan.args,
+        **setup.args,
     )
 
 
@@ -97,16 +94,16 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     if job.malloc_reuse:
         host_memory.keep_freed_memory()
     torch.manual_seed(job.seed)
-    plan = build_plan(job, profile)
-    if plan.process_group:
+    setup = build_setup(job, profile)
+    if setup.process_group:
         procenv.enter_group_of_one()  # left again by release(), also when building fails
 
     tokenizer, data = load_data(job)
-    model = plan.transform(model_mod.load_model(job.model, task.num_labels(job.task, data.label_names),
-                                                plan.load_kwargs, task.auto_class(job.task), tokenizer))
+    model = setup.transform(model_mod.load_model(job.model, task.num_labels(job.task, data.label_names),
+                                                setup.load_kwargs, task.auto_class(job.task), tokenizer))
 
-    steps = optimizer_steps(len(data.train), plan.micro_batch_size, plan.accumulation_steps,
-                            plan.world_size, job.epochs, job.max_steps)
+    steps = optimizer_steps(len(data.train), setup.micro_batch_size, setup.accumulation_steps,
+                            setup.world_size, job.epochs, job.max_steps)
     ledger_step = first_step_after_warmup(job, steps)
     # the tokens each example is: max_seq_len (the measured step is padded to it), or an image's patches
     seq_len = images.tokens(model.config) if task.images(job.task) else job.max_seq_len
@@ -116,13 +113,13 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     step_timer = StepTimer(skip_steps=(ledger_step,) if job.measure.ledger else ())
     trainer = MemsweepTrainer(
         model=model,
-        args=training_arguments(job, plan, job_dir / "trainer"),
+        args=training_arguments(job, setup, job_dir / "trainer"),
         train_dataset=data.train,
         eval_dataset=data.eval if task.evaluates_before(job.task) else None,
         processing_class=tokenizer,
         data_collator=task.collator(job.task, tokenizer, job.data.pad_to_multiple_of),
         callbacks=[ledger, divergence, before, StopCallback(), WandbLogCallback(run), step_timer, display],
-        plan=plan,
+        setup=setup,
         pad_to=job.max_seq_len,
         pad_measured_step=ledger_step if job.measure.ledger else -1,
     )
@@ -138,7 +135,7 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
     try:
         with stopping.interruptible("while loading the tokenizer, data and model"):
             built = build(job, profile, job_dir, run)
-        res.shape_advice = shapes.audit(profile, built.trainer.plan.micro_batch_size,
+        res.shape_advice = shapes.audit(profile, built.trainer.setup.micro_batch_size,
                                            getattr(built.trainer.model.config, "vocab_size", None),
                                         job.data.pad_to_multiple_of)
         model = built.trainer.model
@@ -168,7 +165,7 @@ def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: R
     res.time.update(built.step_timer.summary(setup_started))
     if stopping.requested() is not None:  # stopped between two optimizer steps: what it measured is kept
         res.effective.update(effective(trainer.model, trainer, measured_ledger(built)))
-        stopping.check(stopped_at(trainer, res))
+        stopping.stop_if_requested(stopped_at(trainer, res))
 
     started = time.perf_counter()
     with stopping.interruptible("during evaluation, after training "
@@ -180,28 +177,6 @@ def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: R
     if run is not None:
         run.log({f"eval/{k}": getattr(res.metrics, k) for k in ("f1", "accuracy", "eval_loss", "perplexity")
                  if getattr(res.metrics, k) is not None})
-
-
-def typical_step(job: Config, profile: HardwareConf) -> dict | None:
-    """Before the job is built, the predicted step time where the batches are padded to the data's typical length
-    (the estimate's own step is padded to max_seq_len, the longest a step can be): what the measured median is.
-    None for images (every step the same). The tokenised data is kept for the job (data.load's cache)."""
-    from ..estimate.core import at_data_length
-
-    if task.images(job.task):
-        return None
-    try:
-        plan, (_, data) = build_plan(job, profile), load_data(job)
-    except Exception as exc:  # noqa: BLE001 - building the job says what is wrong with its data, in its own words
-        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    lengths = [len(ids) for ids in data.train["input_ids"]]
-    steps = optimizer_steps(len(lengths), plan.micro_batch_size, plan.accumulation_steps, plan.world_size,
-                            job.epochs, job.max_steps)
-    ledger = {first_step_after_warmup(job, steps)} if job.measure.ledger else set()
-    typical = data_mod.typical_padded_length(lengths, plan.micro_batch_size, plan.accumulation_steps,
-                                             job.data.pad_to_multiple_of, plan.group_by_length, job.seed,
-                                             steps=steps, left_out=frozenset(range(1, WARMUP_STEPS + 1)) | ledger)
-    return at_data_length(job, profile, typical)
 
 
 def record_training(built: Built, out, profile: HardwareConf, res: Result) -> None:

@@ -1,9 +1,9 @@
-"""transformers' Trainer with the plan applied, and the engine's known traps caught.
+"""transformers' Trainer with the setup applied, and the engine's known traps caught.
 
 - Gradient accumulation: the BERT classifier accepts **kwargs, so stock Trainer assumes it scales
   its loss by `num_items_in_batch` and never divides by the accumulation steps (gradients N x too
   large, transformers#47688). Here the loss is a plain mean per micro-batch, so it is divided.
-- fp16 on the CPU: Accelerate silently trains fp32. The plan's autocast dtype and GradScaler are
+- fp16 on the CPU: Accelerate silently trains fp32. The setup's autocast dtype and GradScaler are
   applied here instead.
 - FSDP on the CPU: Accelerate keeps its FSDP plugin only for accelerator devices and silently wraps
   the model in DDP instead. The plugin is put back, so Accelerate's own FSDP2 path shards the model.
@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
-from . import stopping
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import offload, optim
+from . import stopping
 from .data import length_bucketed_order
 from .model import pad_token_id
-from .plan import Plan
+from .setup import Setup
 
 
 class LengthBucketSampler(Sampler):
@@ -65,16 +65,16 @@ class MemsweepTrainer(Trainer):
     # The model's loss is a mean over its micro-batch: Trainer must divide it by the accumulation steps.
     loss_is_scaled_for_ga = False
 
-    def __init__(self, *args, plan: Plan, pad_to: int, pad_measured_step, **kwargs):
+    def __init__(self, *args, setup: Setup, pad_to: int, pad_measured_step, **kwargs):
         super().__init__(*args, **kwargs)
-        self.plan = plan
+        self.setup = setup
         self.pad_to = pad_to
         self.pad_measured_step = pad_measured_step  # global step (1-based) whose batches are padded
         self.model_accepts_loss_kwargs = False  # do not pass num_items_in_batch to the model
         self._tokens_pending = None  # non-padding tokens since the last read, a device tensor
-        if plan.grad_scaler:
+        if setup.grad_scaler:
             # Read by Accelerate: backward scales the loss, the wrapped optimizer steps through it.
-            self.accelerator.scaler = torch.amp.GradScaler(plan.device)
+            self.accelerator.scaler = torch.amp.GradScaler(setup.device)
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
@@ -83,33 +83,33 @@ class MemsweepTrainer(Trainer):
             self.is_fsdp_enabled = True
 
     def autocast_smart_context_manager(self, cache_enabled=True):
-        if self.plan.autocast_dtype is None:
+        if self.setup.autocast_dtype is None:
             return super().autocast_smart_context_manager(cache_enabled)
-        return torch.autocast(self.plan.device, dtype=self.plan.autocast_dtype, cache_enabled=cache_enabled)
+        return torch.autocast(self.setup.device, dtype=self.setup.autocast_dtype, cache_enabled=cache_enabled)
 
     def compute_loss_context_manager(self):
         stack = super().compute_loss_context_manager()
-        for make_context in self.plan.forward_contexts:
+        for make_context in self.setup.forward_contexts:
             stack.enter_context(make_context())
         return stack
 
     def create_optimizer(self, model=None):
-        if self.optimizer is None and self.plan.techniques.offload.optimizer:
+        if self.optimizer is None and self.setup.techniques.offload.optimizer:
             model = model if model is not None else self.model
             cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
             groups = optim.param_groups(model, set(self.get_decay_parameter_names(model)), self.args.weight_decay)
             self.optimizer = offload.offloaded_optimizer(cls, [g for g in groups if g["params"]], kwargs,
-                                                         grads=self.plan.techniques.offload.grads)
+                                                         grads=self.setup.techniques.offload.grads)
         return super().create_optimizer(model)
 
     def _clip_grad_norm(self, model):
-        if self.plan.grad_scaler:  # clip the true gradients, not the scaled ones
+        if self.setup.grad_scaler:  # clip the true gradients, not the scaled ones
             self.accelerator.scaler.unscale_(inner_optimizer(self.optimizer))
         return super()._clip_grad_norm(model)
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if not self.plan.group_by_length or self.args.world_size > 1 or not _has_tokens(dataset):
+        if not self.setup.group_by_length or self.args.world_size > 1 or not _has_tokens(dataset):
             return super()._get_train_sampler(train_dataset)
         lengths = [len(x) for x in dataset["input_ids"]]
         step_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
@@ -117,7 +117,7 @@ class MemsweepTrainer(Trainer):
 
     def _get_eval_sampler(self, eval_dataset):
         # Longest first, in order: predictions and labels stay aligned, and batches carry little padding.
-        if not self.plan.group_by_length or self.args.world_size > 1 or not _has_tokens(eval_dataset):
+        if not self.setup.group_by_length or self.args.world_size > 1 or not _has_tokens(eval_dataset):
             return super()._get_eval_sampler(eval_dataset)
         lengths = [len(x) for x in eval_dataset["input_ids"]]
         return sorted(range(len(lengths)), key=lambda i: -lengths[i])

@@ -19,7 +19,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -40,7 +40,7 @@ ReportError = SweepError  # bad input: not a sweep dir, or a baseline that names
 class Summary:
     sweep_dir: Path
     jobs: list[SweepJob]
-    baseline: Optional[SweepJob]
+    baseline: SweepJob | None
     varying: list[str]  # override keys whose value differs between jobs
     common: list[str]  # overrides every job shares
     table: pd.DataFrame  # the human table, numbers unformatted (also the W&B table)
@@ -60,7 +60,7 @@ class Summary:
 
 # --- the baseline -----------------------------------------------------------------------------
 
-def find_baseline(jobs: list[SweepJob], spec: Optional[str]) -> SweepJob:
+def find_baseline(jobs: list[SweepJob], spec: str | None) -> SweepJob:
     """`report.baseline`: null = the first job; a job number; or overrides the job has ("precision=fp32",
     several separated by commas or spaces; the first job having them all)."""
     if spec is None or str(spec).strip() == "":
@@ -223,7 +223,7 @@ def flat_table(jobs: list[SweepJob], human: pd.DataFrame) -> pd.DataFrame:
 
 # --- all of it ----------------------------------------------------------------------------------
 
-def build(sweep_dir: Path, baseline: Optional[str] = None, strict: bool = True) -> Summary:
+def build(sweep_dir: Path, baseline: str | None = None, strict: bool = True) -> Summary:
     """Read the sweep. A baseline that names no job raises ReportError, or, with strict=False (the end
     of a sweep, which must still get its summary), falls back to the first job with a note."""
     sweep_dir = Path(sweep_dir)
@@ -254,7 +254,7 @@ def write(summary: Summary) -> dict[str, Path]:
     return out
 
 
-def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
+def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Path | None:
     """One job_type=summary run in the sweep's group: the table and both plots. Returns its run dir."""
     if not is_on(logger_cfg):
         return None
@@ -281,12 +281,12 @@ def log_to_wandb(summary: Summary, logger_cfg, group: str) -> Optional[Path]:
     return run_dir
 
 
-def latest_sweep(root: Path = Path("multirun")) -> Optional[Path]:
+def latest_sweep(root: Path = Path("multirun")) -> Path | None:
     dirs = sorted(p.parent for p in root.glob(f"*/*/{sweepdir.MULTIRUN_FILE}"))
     return dirs[-1] if dirs else None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memsweep.sweep.report", description=__doc__.split("\n")[0])
     parser.add_argument("sweep_dir", nargs="?", default="", help="the sweep's directory, e.g. multirun/<date>/<time>")
     parser.add_argument("--baseline", default=None,

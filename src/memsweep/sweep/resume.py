@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -25,7 +25,7 @@ from . import sweepdir
 LEFTOVERS = (results.RESULTS_FILE, "traceback.txt", "wandb/offline-run-*", "wandb/run-*")
 
 
-def completed(job_dir: Path, cfg_hash: str) -> Optional[dict[str, Any]]:
+def completed(job_dir: Path, cfg_hash: str) -> dict[str, Any] | None:
     """The saved results if this job is done with this exact config, else None."""
     saved = results.read(Path(job_dir) / results.RESULTS_FILE)
     if saved is None or saved.get("config_hash") != cfg_hash or saved["status"] not in KEPT_ON_RESUME:
@@ -33,7 +33,7 @@ def completed(job_dir: Path, cfg_hash: str) -> Optional[dict[str, Any]]:
     return saved
 
 
-def set_aside_previous_attempt(job_dir: Path) -> Optional[Path]:
+def set_aside_previous_attempt(job_dir: Path) -> Path | None:
     """Move an earlier attempt's files to attempts/<n>/; returns that dir (None: nothing to move)."""
     job_dir = Path(job_dir)
     found = [p for pattern in LEFTOVERS for p in sorted(job_dir.glob(pattern)) if not p.is_symlink()]
@@ -48,7 +48,7 @@ def set_aside_previous_attempt(job_dir: Path) -> Optional[Path]:
     return dest
 
 
-def skip_if_done(cfg: DictConfig) -> Optional[dict[str, Any]]:
+def skip_if_done(cfg: DictConfig) -> dict[str, Any] | None:
     """The hook at the top of job.run. In a multirun: the saved results of a job already done (the
     caller returns them), else None after setting aside an earlier attempt. Single runs always run."""
     from hydra.core.hydra_config import HydraConfig
@@ -78,7 +78,7 @@ def resume_command(sweep_dir: Path, extra: list[str]) -> list[str]:
     return ["-m", *hydra_overrides, *task, f"hydra.sweep.dir={sweepdir.launched_dir(sweep_dir)}", *extra]
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     usage = "usage: python -m memsweep.resume multirun/<date>/<time> [overrides]"
     if not argv:

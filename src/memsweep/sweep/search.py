@@ -1,23 +1,23 @@
 """hparams_search=optuna: the objective of one trial (its metric, under a memory budget), and the direction
 of the search, both following the task unless `search.metric` names another metric it reports."""
-from typing import Any, Optional
+from typing import Any
 
+from ..config.choices import METRICS, QUALITY
 from ..config.schema import SearchConf, TaskName
-from ..run import task
 
 RESOLVER = "memsweep_direction"  # conf/hparams_search/optuna.yaml: hydra.sweeper.direction
 
 
 def metric(cfg: SearchConf, task_name) -> str:
-    """The metric a search optimises: `search.metric`, else the task's quality metric (run/task.py)."""
-    return cfg.metric or task.QUALITY[TaskName(getattr(task_name, "value", task_name))][0]
+    """The metric a search optimises: `search.metric`, else the task's quality metric (config/choices.py)."""
+    return cfg.metric or QUALITY[TaskName(getattr(task_name, "value", task_name))][0]
 
 
-def direction(task_name, metric_name: Optional[str]) -> str:
+def direction(task_name, metric_name: str | None) -> str:
     """`maximize` or `minimize`, as the metric is better higher or lower. A metric the task does not report
     gets `maximize` here and is refused before the first trial (config/validate_names.search)."""
     name = TaskName(getattr(task_name, "value", task_name))
-    higher = task.METRICS[name].get(metric_name or task.QUALITY[name][0], True)
+    higher = METRICS[name].get(metric_name or QUALITY[name][0], True)
     return "maximize" if higher else "minimize"
 
 
@@ -27,7 +27,7 @@ def register_resolver() -> None:
     OmegaConf.register_new_resolver(RESOLVER, direction, replace=True)
 
 
-def objective(res: dict[str, Any], cfg: SearchConf, task_name=TaskName.classification) -> Optional[float]:
+def objective(res: dict[str, Any], cfg: SearchConf, task_name=TaskName.classification) -> float | None:
     """The job's metric, or None (a failed trial) when it did not end ok or its peak is over budget."""
     if res.get("status") != "ok":
         return None

@@ -9,14 +9,14 @@ estimate table (estimate/table.py), resume and W&B all read sweeps through this 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..estimate.result import ESTIMATE_FILE
 from ..run import results
 
 MULTIRUN_FILE = "multirun.yaml"
-ESTIMATE_FILE = "estimate.json"  # a job's estimate (mode=estimate, or the estimate CLI)
 STATUS_FILE = "status.json"  # the estimate CLI's record of a job it could not estimate
 OVERRIDES_FILE = "overrides.json"  # the estimate CLI's record of a job's overrides
 
@@ -61,14 +61,14 @@ def expand(arguments: list[str], config_loader=None) -> list[list[str]]:
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def grid(sweep_dir: Path) -> Optional[list[list[str]]]:
+def grid(sweep_dir: Path) -> list[list[str]] | None:
     """The job overrides of a Hydra sweep, in job-number order, recomputed from multirun.yaml. None
     when there is no such file or another sweeper ran."""
     path = Path(sweep_dir) / MULTIRUN_FILE
     return grid_of(OmegaConf.load(path)) if path.is_file() else None
 
 
-def size(cfg) -> Optional[int]:
+def size(cfg) -> int | None:
     """How many jobs a multirun config runs: its grid's, or the trials of a search (hparams_search);
     None when the sweeper does not say."""
     planned = grid_of(cfg)
@@ -78,7 +78,7 @@ def size(cfg) -> Optional[int]:
     return int(trials) if isinstance(trials, int) and trials > 0 else None
 
 
-def grid_of(cfg) -> Optional[list[list[str]]]:
+def grid_of(cfg) -> list[list[str]] | None:
     """The job overrides of a multirun config (what multirun.yaml holds); None for another sweeper."""
     sweeper = OmegaConf.select(cfg, "hydra.sweeper") or {}
     if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
@@ -124,10 +124,10 @@ class SweepJob:
     num: int
     overrides: list[str]
     status: str  # a results status; "not started" when it has no dir; "missing" when it began but left no result
-    reason: Optional[str] = None
-    res: Optional[dict[str, Any]] = None  # its results.json
-    dir: Optional[Path] = None
-    estimate: Optional[dict[str, Any]] = None  # estimate.json, else the estimate stored in results.json
+    reason: str | None = None
+    res: dict[str, Any] | None = None  # its results.json
+    dir: Path | None = None
+    estimate: dict[str, Any] | None = None  # estimate.json, else the estimate stored in results.json
 
     @property
     def ok(self) -> bool:
@@ -140,7 +140,7 @@ class SweepJob:
         return value
 
 
-def _read_json(path: Path) -> Optional[dict[str, Any]]:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

@@ -6,7 +6,7 @@ warnings and errors still print; the run's records are the same either way.
 """
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..config.schema import is_on
 
@@ -24,7 +24,7 @@ def _use_job_dir(job_dir: Path) -> None:
 
 
 def start(cfg, job_dir: Path, group: str, name: str, job_type: str, config: dict[str, Any],
-          tags: list[str]) -> Optional[Any]:
+          tags: list[str]) -> Any | None:
     """A W&B run, or None when `logger=none`. Online without a reachable server falls back to offline."""
     if not is_on(cfg):
         return None
@@ -53,7 +53,7 @@ def finish(run, summary: dict[str, Any], exit_code: int = 0) -> None:
     run.finish(exit_code=exit_code)
 
 
-def where(run) -> Optional[str]:
+def where(run) -> str | None:
     """The run in one line: its URL online, its dir offline; None without a run (or WANDB_MODE=disabled)."""
     if run is None or run.disabled:
         return None

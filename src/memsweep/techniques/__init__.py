@@ -1,18 +1,31 @@
-"""One module per config group. Each exposes `apply(section, plan)`, reading only its own section and
-the plan (plan.py carries what a technique needs from outside its group), and, where others ask what
+"""One module per config group. Each exposes `apply(section, setup)`, reading only its own section and
+the setup (setup.py carries what a technique needs from outside its group), and, where others ask what
 its options mean, `traits(section)`.
 
-`APPLY_ORDER` is the order the groups write into the plan (and so the order of model transforms):
+`APPLY_ORDER` is the order the groups write into the setup (and so the order of model transforms):
 the model is loaded (precision, attention, init, lora quantization), then frozen, then wrapped by
 LoRA, then checkpointed.
 
 `Techniques` is every group's traits for one job: what the rules, the estimator and the reports read
-(through the plan), so no module outside a group interprets that group's keys.
+(through the setup), so no module outside a group interprets that group's keys.
 """
 from dataclasses import dataclass
 
-from . import (accumulation, attention, checkpointing, compile, dataloader, deepspeed, freezing, fsdp, init,
-               lora, offload, optim, precision)
+from . import (
+    accumulation,
+    attention,
+    checkpointing,
+    compile,
+    dataloader,
+    deepspeed,
+    freezing,
+    fsdp,
+    init,
+    lora,
+    offload,
+    optim,
+    precision,
+)
 
 APPLY_ORDER = [
     ("precision", precision),
@@ -56,6 +69,6 @@ def traits_of(job) -> Techniques:
                       processes=job.distributed.nodes * job.distributed.nproc)
 
 
-def apply_all(job, plan) -> None:
+def apply_all(job, setup) -> None:
     for group, module in APPLY_ORDER:
-        module.apply(getattr(job, group), plan)
+        module.apply(getattr(job, group), setup)

@@ -11,5 +11,5 @@ def traits(cfg) -> Traits:
     return Traits(implementation=cfg.implementation.value)
 
 
-def apply(cfg, plan) -> None:
-    plan.load_kwargs["attn_implementation"] = traits(cfg).implementation
+def apply(cfg, setup) -> None:
+    setup.load_kwargs["attn_implementation"] = traits(cfg).implementation

@@ -68,7 +68,7 @@ def enable(model, selective: bool = False):
     return model
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     t = traits(cfg)
     if t.on:
-        plan.model_transforms.append(functools.partial(enable, selective=t.selective))
+        setup.model_transforms.append(functools.partial(enable, selective=t.selective))

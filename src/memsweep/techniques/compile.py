@@ -13,6 +13,6 @@ def traits(cfg) -> Traits:
     return Traits(on=is_on(cfg))
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     if traits(cfg).on:
-        plan.args["torch_compile"] = True
+        setup.args["torch_compile"] = True

@@ -6,14 +6,13 @@ Beside the stage and offload, the two keys that size ZeRO's gradient buffers on 
 reduce_bucket_size and overlap_comm (one bucket, or two to reduce while backward runs).
 """
 from dataclasses import dataclass
-from typing import Optional
 
 from ..config.schema import is_on
 
 
 @dataclass(frozen=True)
 class Traits:
-    stage: Optional[int]  # the ZeRO stage; None = DeepSpeed off
+    stage: int | None  # the ZeRO stage; None = DeepSpeed off
     offload_optimizer: bool  # optimizer state and its step on the host (CPUAdam)
     offload_param: bool  # stage 3's parameters in host memory
 
@@ -57,7 +56,7 @@ def ds_config(cfg) -> dict:
     return config
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     if traits(cfg).on:
-        plan.process_group = True
-        plan.args["deepspeed"] = ds_config(cfg)
+        setup.process_group = True
+        setup.args["deepspeed"] = ds_config(cfg)

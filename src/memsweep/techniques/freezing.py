@@ -10,7 +10,7 @@ The parts are the model's own (structure.py). A causal LM whose head is tied to 
 `effective.trainable_params` shows which way a job went.
 """
 from ..config.schema import FreezeName
-from ..run.model import find_module
+from .modules import find_module
 
 
 def frozen_modules(model, name: FreezeName, structure):
@@ -42,8 +42,8 @@ def freeze(model, name: FreezeName, structure):
     return model
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     name = FreezeName(cfg.name)
     if name != FreezeName.none:
-        structure = plan.structure
-        plan.model_transforms.append(lambda model: freeze(model, name, structure))
+        structure = setup.structure
+        setup.model_transforms.append(lambda model: freeze(model, name, structure))

@@ -16,7 +16,7 @@ Trainer's `fsdp` / `fsdp_config`, so Accelerate shards the model exactly as it d
 from dataclasses import dataclass
 
 from ..config.schema import FsdpStrategy, is_on
-from ..run.model import find_module
+from .modules import find_module
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,13 @@ def wrap_layers(model, config: dict, layers_module: str):
     return model
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     t = traits(cfg)
     if not t.on:
         return
-    plan.process_group = True
+    setup.process_group = True
     config = fsdp_config(t)
-    plan.args["fsdp"] = True
-    plan.args["fsdp_config"] = config
-    layers = plan.structure.layers
-    plan.model_transforms.append(lambda model: wrap_layers(model, config, layers))
+    setup.args["fsdp"] = True
+    setup.args["fsdp_config"] = config
+    layers = setup.structure.layers
+    setup.model_transforms.append(lambda model: wrap_layers(model, config, layers))

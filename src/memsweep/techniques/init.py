@@ -13,6 +13,6 @@ def traits(cfg) -> Traits:
     return Traits(on_device=is_on(cfg))
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     if traits(cfg).on_device:
-        plan.load_kwargs["device_map"] = plan.device
+        setup.load_kwargs["device_map"] = setup.device

@@ -14,21 +14,31 @@ their branch in fp32 (`autocast_adapter_dtype`, on by default, for stable traini
 bf16 do (Lightning's bf16-true, torchtune's `dtype: bf16`).
 """
 from dataclasses import dataclass
-from typing import Optional
 
-from ..config.schema import Quantize, is_on
-from ..run.task import new_head, peft_task_type
+from ..config.schema import Quantize, TaskName, is_on
 
 
 @dataclass(frozen=True)
 class Traits:
     rank: int  # 0 = no adapters
-    quantize: Optional[str]  # the base weights bitsandbytes stores: "nf4" (4-bit), "int8" (LLM.int8), None
+    quantize: str | None  # the base weights bitsandbytes stores: "nf4" (4-bit), "int8" (LLM.int8), None
     double_quant: bool = False  # NF4's block scales quantized again
 
     @property
     def on(self) -> bool:
         return self.rank > 0
+
+
+def peft_task_type(name) -> str | None:
+    """peft's task type: its wrapper for the head (none for an image classifier, whose batch peft passes on as
+    it is)."""
+    return {TaskName.causal_lm: "CAUSAL_LM", TaskName.classification: "SEQ_CLS"}.get(TaskName(name))
+
+
+def new_head(name) -> bool:
+    """Whether the task puts a new head on the model (a classifier, trained in full under LoRA); a causal LM's
+    head is the model's own vocabulary projection."""
+    return TaskName(name) != TaskName.causal_lm
 
 
 def traits(cfg) -> Traits:
@@ -64,12 +74,12 @@ def wrap(model, cfg, structure, task: str):
     return get_peft_model(model, config, autocast_adapter_dtype=cfg.autocast_adapter_dtype)
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     t = traits(cfg)
     if not t.on:
         return
-    structure, task = plan.structure, plan.task
+    structure, task = setup.structure, setup.task
     if t.quantize is not None:
-        plan.load_kwargs["quantization_config"] = quantization_config(t, list(structure.quantize_skip),
-                                                                      plan.techniques.precision.compute)
-    plan.model_transforms.append(lambda model: wrap(model, cfg, structure, task))
+        setup.load_kwargs["quantization_config"] = quantization_config(t, list(structure.quantize_skip),
+                                                                      setup.techniques.precision.compute)
+    setup.model_transforms.append(lambda model: wrap(model, cfg, structure, task))

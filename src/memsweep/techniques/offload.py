@@ -22,15 +22,15 @@ def traits(cfg) -> Traits:
                   grads=name == "optimizer_and_grads")
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     t = traits(cfg)
     if t.activations:
-        plan.forward_contexts.append(
-            functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=plan.device == "cuda"))
+        setup.forward_contexts.append(
+            functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=setup.device == "cuda"))
     if t.optimizer:
         # The host optimizer steps the gradients copied as backward makes them, before Trainer would clip
         # the device's: clipping would change nothing, so it is off (effective.max_grad_norm says so).
-        plan.args["max_grad_norm"] = 0.0
+        setup.args["max_grad_norm"] = 0.0
 
 
 def offloaded_optimizer(cls, groups, kwargs, grads: bool):

@@ -58,12 +58,12 @@ def traits(hf_name) -> Traits:
     return TRAITS[OptimName(hf_name)]
 
 
-def apply(cfg, plan) -> None:
-    plan.args.update(optim=cfg.hf_name.value, learning_rate=plan.lr, weight_decay=cfg.weight_decay,
+def apply(cfg, setup) -> None:
+    setup.args.update(optim=cfg.hf_name.value, learning_rate=setup.lr, weight_decay=cfg.weight_decay,
                      max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_ratio,
                      lr_scheduler_type=cfg.scheduler)
     if traits(cfg.hf_name).rule == "sgd":
-        plan.args["optim_args"] = f"momentum={cfg.momentum}"
+        setup.args["optim_args"] = f"momentum={cfg.momentum}"
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ Rules and the estimator ask here.
 """
 import functools
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -21,7 +20,7 @@ class Traits:
     autocast: bool  # mixed: 16-bit compute under autocast, fp32 master weights
     loss_scaling: bool  # fp16's GradScaler
     compute: str  # the key of the hardware profile's `tflops`
-    needs: Optional[str]  # the hardware profile's capability flag it needs (bf16, tf32)
+    needs: str | None  # the hardware profile's capability flag it needs (bf16, tf32)
 
 
 TRAITS = {
@@ -44,31 +43,31 @@ def traits(name) -> Traits:
     return TRAITS[PrecisionName(name)]
 
 
-def emulated(name, profile) -> Optional[str]:
+def emulated(name, profile) -> str | None:
     """The 16-bit dtype this precision computes in if the profile's device only emulates it, else None."""
     compute = traits(name).compute
     native = {"bf16": profile.bf16_native, "fp16": profile.fp16_native}.get(compute)
     return compute if native is False else None
 
 
-def apply(cfg, plan) -> None:
+def apply(cfg, setup) -> None:
     name = PrecisionName(cfg.name)
     # Stored weights in the precision's own dtype: from_pretrained (and from_config) would otherwise take
     # the checkpoint's saved dtype, bf16 for most hub decoders, and "fp32 master weights" would be bf16.
-    plan.load_kwargs["dtype"] = TRUE_DTYPES.get(name, torch.float32)
+    setup.load_kwargs["dtype"] = TRUE_DTYPES.get(name, torch.float32)
     if name == PrecisionName.tf32:
-        plan.args["tf32"] = True
+        setup.args["tf32"] = True
     elif name == PrecisionName.bf16:
-        plan.args["bf16"] = True  # Accelerate autocasts to bf16 on CPU and GPU alike
+        setup.args["bf16"] = True  # Accelerate autocasts to bf16 on CPU and GPU alike
     elif name == PrecisionName.fp16:
-        if plan.device == "cuda":
-            plan.args["fp16"] = True
+        if setup.device == "cuda":
+            setup.args["fp16"] = True
         else:
             # Accelerate ignores fp16 on the CPU and would train fp32 under an fp16 label: do it ourselves.
-            plan.autocast_dtype = torch.float16
-            plan.grad_scaler = True
+            setup.autocast_dtype = torch.float16
+            setup.grad_scaler = True
     elif name in TRUE_DTYPES:
-        plan.model_transforms.append(functools.partial(to_dtype, dtype=TRUE_DTYPES[name]))
+        setup.model_transforms.append(functools.partial(to_dtype, dtype=TRUE_DTYPES[name]))
 
 
 def to_dtype(model, dtype: torch.dtype):

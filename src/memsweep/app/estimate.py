@@ -1,4 +1,4 @@
-"""`python -m memsweep.estimate [-m] <overrides> [--grid <overrides>]... [--by <key>]`: estimate a job or
+"""`python -m memsweep.app.estimate [-m] <overrides> [--grid <overrides>]... [--by <key>]`: estimate a job or
 a sweep grid offline (no training, no weights, no GPU); estimate.json per job, estimate.md for the sweep,
 and with --by a table with one column group per value of that key (e.g. one per GPU)."""
 import json
@@ -6,19 +6,18 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from ..config import schema, validate
 from ..config.schema import Config
 from ..errors import EXIT_CODES, ConfigError, outcome, stopped_exit_code
-from ..run import stopping
+from ..estimate.core import run_estimate
+from ..run import inputs, stopping
 from ..sweep import sweepdir
-from .core import run_estimate
-from .table import write_pivot_table, write_sweep_table
+from ..sweep.estimates import write_pivot_table, write_sweep_table
 
 
 def compose(overrides: list[str]) -> Config:
-    """The job of the overrides in estimate mode, checked as train.py's jobs are (validate.job)."""
+    """The job of the overrides in estimate mode, checked as train.py's jobs are (run/inputs.job)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -30,10 +29,10 @@ def compose(overrides: list[str]) -> Config:
             cfg = hydra_compose(config_name="config", overrides=overrides + ["mode=estimate"])
     except HydraException as exc:
         raise validate.composition_error(exc) from None
-    return validate.job(cfg)
+    return inputs.job(cfg)
 
 
-def jobs_of(overrides: list[str], grids: Optional[list[list[str]]]) -> list[list[str]]:
+def jobs_of(overrides: list[str], grids: list[list[str]] | None) -> list[list[str]]:
     """The jobs of the overrides, or of each grid added to them: their union in order, each job once."""
     jobs: dict[tuple[str, ...], None] = {}
     for grid in grids or [[]]:
@@ -56,10 +55,10 @@ def command_line_ok(overrides: list[str], out: Path) -> bool:
         return False
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m memsweep.estimate",
+    parser = argparse.ArgumentParser(prog="python -m memsweep.app.estimate",
                                      description="Estimate the peak memory, FLOPs and step time of a job or a "
                                                  "sweep grid offline (no training, no weights, no GPU).")
     parser.add_argument("-m", "--multirun", action="store_true", help="accepted for symmetry with train.py; "
@@ -99,7 +98,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     return EXIT_CODES["failed"] if "failed" in statuses else EXIT_CODES["bad input"] if "bad input" in statuses else 0
 
 
-def record(job_dir: Path, overrides: list[str], status: Optional[str] = None, reason: str = "") -> None:
+def record(job_dir: Path, overrides: list[str], status: str | None = None, reason: str = "") -> None:
     """A job's overrides, and how it ended when no estimate was made (status.json)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     for stale in (sweepdir.ESTIMATE_FILE, sweepdir.STATUS_FILE):  # from an earlier run into the same dir

@@ -1,15 +1,15 @@
 """The combinations that cannot run, one row each, checked before any work is done.
 
 A refused job is a result (`status: unsupported` with the row's reason), not a crash, and the sweep
-goes on. `python -m memsweep.config.rules` prints the table.
+goes on. `python -m memsweep.techniques.rules` prints the table.
 """
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+from ..config.schema import Config, HardwareConf
 from ..errors import Unsupported
-from ..techniques import Techniques, traits_of
-from .schema import Config, HardwareConf
+from . import Techniques, traits_of
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def check(cfg: Config, hw: HardwareConf, skip: tuple[str, ...] = ()) -> None:
+def refuse_unsupported(cfg: Config, hw: HardwareConf, skip: tuple[str, ...] = ()) -> None:
     """Raise Unsupported with the first matching rule's reason; rules named in `skip` are not asked
     (an estimate skips `no-gpu`: it predicts a GPU without one)."""
     techniques = traits_of(cfg)

@@ -3,12 +3,12 @@ import time
 from pathlib import Path
 
 from ..config.schema import Config
-from . import search, space, table
+from ..planner import search, space, table
 
 
 def run_plan(job: Config, job_dir: Path) -> dict:
     """Search, rank, write plan.csv / plan.md into job_dir and print the top rows per GPU."""
-    space.check(job)
+    space.check_plan_keys(job)
     started = time.perf_counter()
     rows = table.ranked(search.search(job, progress=lambda line: print(f"[memsweep] plan {line}", flush=True)))
     title = (f"Plan: {job.model.name}, {job.task.name.value}, batch {job.batch_size} x {job.max_seq_len} tokens "

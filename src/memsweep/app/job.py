@@ -11,21 +11,21 @@ input has passed `validate`.
 import gc
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import stopping
 from ..config import validate
 from ..config.schema import Config, Mode
 from ..errors import BAD_INPUT, EXIT_CODES, ConfigError, exit_code, outcome
 from ..measure import counters, shapes
+from ..run import inputs, results, stopping
+from ..run.results import Result
 from ..sweep import resume, sweepdir, wandb_log
-from . import results
-from .results import Result
 
 
 @dataclass
@@ -61,7 +61,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             return done
         ctx = hydra_context()
         if cfg.distributed.nodes * cfg.distributed.nproc > 1:
-            from . import launch
+            from ..run import launch
 
             if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
                 return launch.run_secondary_task(OmegaConf.to_object(cfg), ctx.job_dir)
@@ -95,20 +95,21 @@ def not_started(cfg: DictConfig, signum: int) -> dict[str, Any]:
 
 def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     """What the job does, in order; any exception is its ending (see finishing)."""
-    from . import console
+    from ..run import console
 
     job: Config = validate.settings(cfg)  # bad input is refused before any work, in every mode
     res.lr_source = lr_source(job, res.overrides)
     console.library_noise_to_log()  # the libraries the next checks import warn as they load
-    validate.inputs(job)
-    from ..config import hardware, rules
-    from . import launch, procenv
+    inputs.inputs(job)
+    from ..config import hardware
+    from ..run import launch, procenv
+    from ..techniques import rules
 
     procenv.prepare()
     profile = hardware.detect(job.hardware)
     res.hardware = asdict(profile)
     if job.mode == Mode.plan:  # the fastest combination that fits each GPU: no training, no weights, no GPU
-        from ..planner.run import run_plan
+        from .plan import run_plan
 
         with stopping.interruptible("during the plan"):
             res.effective["plan"] = run_plan(job, job_dir)
@@ -120,7 +121,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
             res.estimate = run_estimate(job, profile, job_dir)  # checks the rules but no-gpu
         res.shape_advice = res.estimate["shape_advice"]
         return
-    rules.check(job, profile)
+    rules.refuse_unsupported(job, profile)
     warn_if_emulated(job, profile, res)
     if job.autofit:  # the largest micro-batch the estimator says fits; accumulation keeps batch_size
         from ..estimate.autofit import autofit_job
@@ -128,18 +129,18 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
         job, res.effective["autofit"] = autofit_job(job, profile)
     procenv.use_threads(job.threads)  # the estimate times the step at the thread count the job trains with
     if job.measure.estimate:  # predicted before training, compared with the measured peak after
-        from ..estimate.core import for_job
+        from ..estimate.core import estimate_beside_training
 
-        res.estimate = for_job(job, profile)
+        res.estimate = estimate_beside_training(job, profile)
         if res.estimate.get("predicted_step_s"):  # the step the data mostly makes, beside the longest
-            from .train_loop import typical_step
+            from ..estimate.core import typical_step
 
             res.estimate["at_data"] = typical_step(job, profile)
     hardware.cap_memory(profile)
     if launch.spans_processes(job):  # torchrun or Slurm starts the ranks; global rank 0's results come back here
         launch.run_ranks(job, job_dir, res)
     else:
-        from .train_loop import train_and_evaluate
+        from ..run.train_loop import train_and_evaluate
 
         train_and_evaluate(job, profile, job_dir, res, wandb_run)
 

@@ -7,7 +7,7 @@ written as the process exits cannot import them then).
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -24,12 +24,12 @@ class JobProgress(Callback):
 
     def __init__(self) -> None:
         self.in_sweep = False
-        self.total: Optional[int] = None
+        self.total: int | None = None
         self.durations: list[float] = []
-        self.started: Optional[float] = None  # by the wall clock, as the results file's time is
+        self.started: float | None = None  # by the wall clock, as the results file's time is
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import sweepdir
+        from ..sweep import sweepdir
 
         self.in_sweep, self.total = True, sweepdir.size(config)
 
@@ -38,7 +38,7 @@ class JobProgress(Callback):
         if not self.in_sweep or OmegaConf.select(config, "progress") == "none":
             return
         from ..measure import eta
-        from . import sweepdir
+        from ..sweep import sweepdir
 
         num = int(config.hydra.job.num)
         line = f"[memsweep] job {num + 1}" + (f"/{self.total}" if self.total else "")
@@ -113,8 +113,8 @@ class SweepReport(Callback):
     """
 
     def __init__(self) -> None:
-        self.sweep_pid: Optional[int] = None
-        self.config: Optional[DictConfig] = None
+        self.sweep_pid: int | None = None
+        self.config: DictConfig | None = None
         self.ended = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -123,7 +123,7 @@ class SweepReport(Callback):
         from ..run import stopping
 
         refuse_a_search_that_cannot_run(config)
-        from . import report  # noqa: F401 - imported now: at exit it could not be
+        from ..sweep import report  # noqa: F401 - imported now: at exit it could not be
 
         self.sweep_pid, self.config = os.getpid(), config
         atexit.register(self.report_if_stopped)
@@ -179,11 +179,11 @@ class SweepReport(Callback):
     def report(config: DictConfig) -> int:
         """Write and print the summary (estimate.md for mode=estimate); the sweep's exit code by its jobs (0 or 1)."""
         from ..config.schema import is_on
-        from . import report, sweepdir
+        from ..sweep import report, sweepdir
 
         sweep_dir = str(config.hydra.sweep.dir)
         if OmegaConf.select(config, "mode") == "estimate":  # estimate.md instead of the measured summary
-            from ..estimate.table import write_sweep_table
+            from ..sweep.estimates import write_sweep_table
 
             print("\n" + write_sweep_table(Path(sweep_dir)).read_text(), flush=True)
             return 0

@@ -11,18 +11,19 @@
 - a training job's `hardware.memory_gib` against the weights alone (`capacity`).
 """
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from ..config.schema import CONF_DIR, Config, Mode, ModelConf, ModelSource, is_on
 from ..errors import ConfigError, bad_input, naming
-from .schema import CONF_DIR, Config, Mode, ModelConf, ModelSource, is_on
 
 ARCHITECTURE = ("a model folder with its config.json (save_pretrained), a hub id, or model.config=<a config "
                 "shipped with memsweep or a config.json>")
 
 
-def check(job: Config) -> None:
+def check_model(job: Config) -> None:
     """Every check of the model that needs no weights, cheapest first."""
     config, values, source = architecture(job.model)
     with naming("model.overrides" if job.model.overrides else "model", ARCHITECTURE):
@@ -44,7 +45,7 @@ def _architecture_key(cfg: ModelConf) -> str:
 
 def architecture(cfg: ModelConf) -> tuple[Any, dict[str, Any], str]:
     """(transformers config, its config.json values with the overrides, where it came from)."""
-    from ..run import model
+    from . import model
 
     if cfg.source == ModelSource.tiny and cfg.path:
         raise ConfigError("model.path", f"{cfg.path!r} is set but model={cfg.name} is a tiny model (random weights of "
@@ -67,7 +68,7 @@ def architecture(cfg: ModelConf) -> tuple[Any, dict[str, Any], str]:
 def building(cfg: ModelConf, allowed: str) -> Iterator[None]:
     """An error of transformers building the config or the model is bad input about the override it
     names (by key or value), else about model.overrides, else where the architecture came from."""
-    from ..run.model import overrides
+    from .model import overrides
 
     try:
         yield
@@ -84,7 +85,7 @@ def building(cfg: ModelConf, allowed: str) -> Iterator[None]:
 def blame(cfg: ModelConf, *hf_keys: str) -> str:
     """The key that set the first of these config.json keys: `model.overrides.<key>`, else its `model.*`
     size key, else the size key by its memsweep name."""
-    from ..run.model import SIZE_KEYS
+    from .model import SIZE_KEYS
 
     ours = {hf: key for key, hf in SIZE_KEYS.items()}
     for hf in hf_keys:
@@ -131,7 +132,8 @@ def _models_for(task) -> list[str]:
 
     from omegaconf import OmegaConf
 
-    from ..run import model, task as tasks
+    from . import model
+    from . import task as tasks
 
     fitting = []
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
@@ -145,7 +147,7 @@ def _models_for(task) -> list[str]:
 
 
 def _task(job: Config, config) -> None:
-    from ..run import task
+    from . import task
 
     why = task.head_refusal(job.task.name, config.model_type, bool(getattr(config, "is_decoder", False)))
     if why is not None:
@@ -166,7 +168,7 @@ def _local_tokenizer(cfg: ModelConf) -> bool:
 def _tokenizer(job: Config, config, source: str) -> None:
     """The vocabulary holds every token the tokenizer emits; an estimate or a plan asks only a tokenizer on
     disk. An image model has no tokenizer: training asks that its weights can be reached."""
-    from ..run import hub, model, task
+    from . import hub, model, task
 
     cfg = job.model
     if task.images(job.task):  # no tokenizer: training reads only the weights
@@ -198,7 +200,7 @@ def _named_modules(job: Config) -> list[tuple[str, list[str]]]:
 
 def structure_of(job: Config):
     """The job's model as its meta model shows it (run/structure.found: no weights)."""
-    from ..run import structure
+    from . import structure
 
     return structure.found(job)
 

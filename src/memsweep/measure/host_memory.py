@@ -15,8 +15,8 @@ a capped address space maps each block instead, for as long as the cap lasts (`e
 """
 import ctypes
 import ctypes.util
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -33,7 +33,7 @@ _applied = False
 _mapping_each_block = False
 
 
-def _mallopt() -> Optional[Callable[[int, int], int]]:
+def _mallopt() -> Callable[[int, int], int] | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

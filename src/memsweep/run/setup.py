@@ -1,12 +1,13 @@
-"""The job plan: what the technique modules write into, and the only thing the trainer reads.
+"""The job's setup: what the technique modules write into, and the only thing the trainer reads.
 
-`build_plan` is the one place a job's config becomes a plan: it copies in what the techniques need
+`build_setup` is the one place a job's config becomes a setup: it copies in what the techniques need
 from outside their own groups (device, batch size, processes, learning rate, the task, where the
 model's parts are: structure.py), then each technique writes its own part. A technique never looks
-at another group's config; where two interact, `rules.py` says so. Building a plan has no side effects.
+at another group's config; where two interact, `rules.py` says so. Building a setup has no side effects.
 """
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, ContextManager
 
 import torch
 
@@ -14,14 +15,14 @@ from .structure import Structure
 
 
 @dataclass
-class Plan:
-    # Inputs, set by build_plan from outside the technique groups.
+class Setup:
+    # Inputs, set by build_setup from outside the technique groups.
     device: str  # "cpu" or "cuda"
     batch_size: int = 1  # effective: micro-batch x accumulation steps x processes
     world_size: int = 1  # ranks of the job: distributed.nodes x distributed.nproc
     lr: float = 1e-4
     task: str = "classification"  # schema.TaskName: LoRA's task type
-    structure: Optional[Structure] = None
+    structure: Structure | None = None
     # What every group's option means (techniques.Techniques): what the estimator and reports read.
     techniques: Any = None
     # Keyword arguments of `from_pretrained` (dtype, attn_implementation, quantization_config, device_map).
@@ -34,7 +35,7 @@ class Plan:
     forward_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     # Mixed precision that memsweep applies itself where the engine would silently skip it
     # (Trainer/Accelerate ignore fp16 on the CPU): autocast dtype and a GradScaler.
-    autocast_dtype: Optional[torch.dtype] = None
+    autocast_dtype: torch.dtype | None = None
     grad_scaler: bool = False
     group_by_length: bool = False
     micro_batch_size: int = 1
@@ -48,12 +49,12 @@ class Plan:
         return model
 
 
-def build_plan(job, profile) -> Plan:
-    """The plan of a composed job (schema.Config) on a resolved hardware profile."""
+def build_setup(job, profile) -> Setup:
+    """The setup of a composed job (schema.Config) on a resolved hardware profile."""
     from ..techniques import apply_all, traits_of
-    from .structure import for_job
+    from .structure import of_job
 
-    plan = Plan(device=profile.device, batch_size=job.batch_size, world_size=job.distributed.world_size, lr=job.lr,
-                task=job.task.name.value, structure=for_job(job), techniques=traits_of(job))
-    apply_all(job, plan)
-    return plan
+    setup = Setup(device=profile.device, batch_size=job.batch_size, world_size=job.distributed.world_size, lr=job.lr,
+                task=job.task.name.value, structure=of_job(job), techniques=traits_of(job))
+    apply_all(job, setup)
+    return setup
