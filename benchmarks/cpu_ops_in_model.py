@@ -50,9 +50,10 @@ def timed_ops(model, batch, steps: int, rates, swept: bool = False) -> tuple[dic
             out = func(*args, **kwargs)
             took = time.perf_counter() - start
             operands = products.operands(args, kwargs) if func._overloadpacket in products.TIMED else None
+            dtype, flops, moved = op_record.priced(func, args, kwargs, out, on_cpu=True)
             predicted = peak.product_s(str(func), operands) if operands is not None else roofline.op_time(
-                *op_record.priced(func, args, kwargs, out, on_cpu=True), rates)
-            shape = (str(func), tuple(v[1] for _, v in operands if isinstance(v, tuple))) \
+                dtype, flops, moved, rates)
+            shape = (str(func), tuple(o.value.shape for o in operands if isinstance(o.value, products.TensorSpec))) \
                 if operands is not None else None
             if swept and shape is not None and shape not in cold:
                 cold[shape] = peak.median_seconds(lambda: func(*args, **kwargs), 0.0, warm=0, least=7, most=7,

@@ -42,6 +42,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from memsweep.estimate.events import Event
 from patching import patched
 
 
@@ -115,18 +116,18 @@ class HostAhead:
 
         def resizing(recorder, storage):
             hooks.resized(recorder, storage)
-            recorder.other_stream.add(recorder.seen[storage][0])  # None where resized to nothing
+            recorder.other_stream.add(recorder.seen[storage].key)  # None where resized to nothing
 
         def releasing(recorder, block):
-            if block[0] is not None and block[0] in recorder.other_stream:
-                recorder.events.append(("free_requested", block[0]))
-                recorder.awaiting.append(block[0])
-                block[0] = None
+            if block.key is not None and block.key in recorder.other_stream:
+                recorder.events.append(Event.free_requested(block.key))
+                recorder.awaiting.append(block.key)
+                block.key = None
             hooks.release(recorder, block)
 
         def marking(recorder, name):
             if name in ("forward", "end"):  # the scripts' loop reads a result on the host once per micro-batch
-                recorder.events += [("free_completed", key) for key in recorder.awaiting]
+                recorder.events += [Event.free_completed(key) for key in recorder.awaiting]
                 recorder.awaiting = []
             hooks.mark(recorder, name)
 
@@ -137,7 +138,8 @@ class HostAhead:
     def reducing(self, copy_in):
         def copying_in(unsharded_grads, *args, **kwargs):
             for grad in unsharded_grads if self.recorder else ():
-                self.recorder.other_stream.add(self.recorder.seen.get(grad.untyped_storage(), [None])[0])
+                block = self.recorder.seen.get(grad.untyped_storage())
+                self.recorder.other_stream.add(block.key if block is not None else None)
             return copy_in(unsharded_grads, *args, **kwargs)
         return copying_in
 
@@ -145,7 +147,7 @@ class HostAhead:
         def noting(fsdp_params, *args, **kwargs):
             if self.recorder:
                 nbytes = sum(p._sharded_param_data.untyped_storage().nbytes() for p in fsdp_params)
-                self.recorder.events.append(("gather", nbytes))
+                self.recorder.events.append(gather_event(nbytes))
             return gather(fsdp_params, *args, **kwargs)
         return noting
 
@@ -174,21 +176,27 @@ def host_ahead() -> Iterator[None]:
         yield
 
 
-def offloaded(events: list, categories: dict) -> tuple[list, dict]:
+def gather_event(nbytes: int) -> Event:
+    """An all-gather of unit shards of `nbytes` in all (recorded while FSDP1's CPU offload is modelled, for
+    `offloaded`: the allocator model and the readings pass over it)."""
+    return Event("gather", nbytes=nbytes)
+
+
+def offloaded(events: list[Event], categories: dict) -> tuple[list[Event], dict]:
     """A step traced without offload, as FSDP1's CPU offload runs it (see the module): the gradients alive as it
     starts are on the host; each all-gather's input is the unit's shard copied to the device, which NCCL's
     stream holds until the micro-batch's end; the sharded gradients backward makes stay on the device."""
-    first = events.index(("mark", "forward"))
-    host = {e[1]: "host" for e in events[:first] if e[0] == "alloc" and categories.get(e[1]) == "grads"}
+    first = events.index(Event.mark("forward"))
+    host = {e.key: "host" for e in events[:first] if e.kind == "alloc" and categories.get(e.key) == "grads"}
     out, copies, made = [], [], []
     for event in events:
-        if event[0] == "gather":
+        if event.kind == "gather":
             copies.append(("shard copy", len(made)))
             made.append(copies[-1])
-            out += [("alloc", copies[-1], event[1]), ("free_requested", copies[-1])]
+            out += [Event.alloc(copies[-1], event.nbytes), Event.free_requested(copies[-1])]
             continue
-        if event in (("mark", "forward"), ("mark", "end")):
-            out += [("free_completed", key) for key in copies]
+        if event.is_mark("forward") or event.is_mark("end"):
+            out += [Event.free_completed(key) for key in copies]
             copies = []
         out.append(event)
     return out, {**categories, **host, **{key: "activations" for key in made}}

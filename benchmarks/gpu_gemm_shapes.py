@@ -58,16 +58,20 @@ def measure() -> dict:
                     continue
                 a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
                 g = torch.randn(m, n, device="cuda", dtype=dtype)
-                out["mm"].append([key, m, k, n, rate(torch, lambda: torch.mm(a, b), 2 * m * k * n) / 1e12])
-                out["mm"].append([key + ":gradW", m, k, n, rate(torch, lambda: torch.mm(a.t(), g), 2 * m * k * n) / 1e12])
-        for bh, t, d in [(96, 512, 64), (384, 512, 64), (384, 197, 64), (768, 197, 64), (256, 1024, 128), (1024, 128, 64)]:
+                out["mm"].append([key, m, k, n, rate(torch, lambda a=a, b=b: torch.mm(a, b), 2 * m * k * n) / 1e12])
+                out["mm"].append([key + ":gradW", m, k, n,
+                                  rate(torch, lambda a=a, g=g: torch.mm(a.t(), g), 2 * m * k * n) / 1e12])
+        for bh, t, d in [(96, 512, 64), (384, 512, 64), (384, 197, 64), (768, 197, 64), (256, 1024, 128),
+                         (1024, 128, 64)]:
             q, kt = torch.randn(bh, t, d, device="cuda", dtype=dtype), torch.randn(bh, d, t, device="cuda", dtype=dtype)
-            out["bmm"].append([key, bh, t, d, rate(torch, lambda: torch.bmm(q, kt), 2 * bh * t * t * d) / 1e12])
+            out["bmm"].append([key, bh, t, d,
+                               rate(torch, lambda q=q, kt=kt: torch.bmm(q, kt), 2 * bh * t * t * d) / 1e12])
     torch.backends.cuda.matmul.allow_tf32 = False
     for mib in (0.25, 1, 4, 16, 64, 256, 1024):
         src = torch.empty(int(mib * 2**20), dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        out["copy"].append([mib, rate(torch, lambda: dst.copy_(src), 2 * src.numel()) / 1e9])  # GB/s read + written
+        out["copy"].append([mib, rate(torch, lambda dst=dst, src=src: dst.copy_(src),
+                                      2 * src.numel()) / 1e9])  # GB/s read + written
     return out
 
 

@@ -1,7 +1,8 @@
 """A CUDA memory snapshot (torch.cuda.memory._dump_snapshot's pickle) as a small JSON excerpt the allocator
 test replays (tests/test_allocator_snapshots.py): the segments that existed when recording started, with
 the blocks then allocated; every allocation and free recorded (requested size, address); the addresses
-cudaMalloc gave new segments; and what the snapshot ends with (reserved bytes, segments).
+cudaMalloc gave new segments; and what the snapshot ends with (reserved bytes, segments). `recorded` and
+`start_segments` read an excerpt back as the allocator model takes it.
 
     python benchmarks/snapshot_excerpt.py SNAPSHOT.pickle OUT.json --repository owner/name \
         --path path/in/repo --commit SHA --licence "MIT (Copyright ...)" [--about "..."]
@@ -26,6 +27,9 @@ import json
 import pickle
 import pickletools
 from pathlib import Path
+from typing import NamedTuple
+
+from memsweep.estimate.allocator import StartBlock, StartSegment
 
 MIB = 2**20
 ROUND = 512  # kMinBlockSize
@@ -117,6 +121,26 @@ def excerpt(snapshot: dict, source: dict) -> dict:
     return {"source": source, "start": start, "new_segments": made, "events": events,
             "end": {"reserved_bytes": sum(s["total_size"] for s in segments), "segments": len(segments),
                     "allocated_bytes": sum(s["allocated_size"] for s in segments)}}
+
+
+class Recorded(NamedTuple):
+    """One of an excerpt's events as `excerpt` stores it: [addr, size] the allocation of `size` requested bytes
+    placed at `addr`, [addr] the free of the block there."""
+    addr: int
+    size: int | None = None  # None: a free
+
+
+def recorded(excerpt: dict) -> list[Recorded]:
+    """The excerpt's allocations and frees, in order."""
+    return [Recorded(*entry) for entry in excerpt["events"]]
+
+
+def start_segments(excerpt: dict) -> list[StartSegment]:
+    """The segments that existed when recording started, as allocator.CachingAllocator.seed takes them: each
+    block allocated then keyed by its address (its free names it so), the others cached."""
+    return [StartSegment(base, size, small, [StartBlock(addr, nbytes, addr if allocated else None)
+                                             for addr, nbytes, allocated in blocks])
+            for base, size, small, blocks in excerpt["start"]]
 
 
 def main() -> None:

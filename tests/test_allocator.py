@@ -4,18 +4,14 @@ read off the model."""
 import pytest
 
 from memsweep.estimate.allocator import MIB, Options, replay
+from memsweep.estimate.events import Event
 
 KIB = 2**10
 SMALL_SEGMENT = 2 * MIB  # kSmallBuffer: the small pool's segments
 LARGE_SEGMENT = 20 * MIB  # kLargeBuffer: the segment of a 1-10 MiB request
 
 
-def alloc(key, nbytes):
-    return ("alloc", key, nbytes)
-
-
-def free(key):
-    return ("free", key)
+alloc, free = Event.alloc, Event.free
 
 
 def test_one_byte_reserves_a_small_segment():
@@ -77,20 +73,20 @@ def test_a_freed_block_is_reused_by_a_smaller_request():
 def test_a_block_another_stream_still_uses_is_reused_only_once_that_use_completes():
     # record_stream: 30 MiB freed while another stream reads it. allocated_bytes falls at the free, the
     # block is not cached yet: a second 30 MiB is a new segment; once completed, a third reuses the first
-    r = replay([alloc("a", 30 * MIB), ("free_requested", "a"), alloc("b", 30 * MIB), ("free_completed", "a"),
+    r = replay([alloc("a", 30 * MIB), Event.free_requested("a"), alloc("b", 30 * MIB), Event.free_completed("a"),
                 alloc("c", 30 * MIB)])
     assert r.peak_reserved_bytes == 60 * MIB and r.segments == 2
     assert r.peak_allocated_bytes == 60 * MIB and r.allocated_bytes == 60 * MIB
-    held = replay([alloc("a", 30 * MIB), ("free_requested", "a"), alloc("b", 30 * MIB)])
+    held = replay([alloc("a", 30 * MIB), Event.free_requested("a"), alloc("b", 30 * MIB)])
     assert held.allocated_bytes == 30 * MIB and held.peak_allocated_bytes == 30 * MIB
 
 
 def test_a_block_awaiting_another_stream_does_not_merge_with_its_freed_neighbour():
     # a and b, 5 MiB each, cut from one 20 MiB segment. a awaits another stream; b freed merges with the
     # 10 MiB rest only (15 MiB): 18 MiB needs a new segment. Completed, a merges back: 20 MiB serve 18
-    start = [alloc("a", 5 * MIB), alloc("b", 5 * MIB), ("free_requested", "a"), free("b")]
+    start = [alloc("a", 5 * MIB), alloc("b", 5 * MIB), Event.free_requested("a"), free("b")]
     assert replay(start + [alloc("c", 18 * MIB)]).peak_reserved_bytes == 20 * MIB + 18 * MIB
-    assert replay(start + [("free_completed", "a"), alloc("c", 18 * MIB)]).peak_reserved_bytes == 20 * MIB
+    assert replay(start + [Event.free_completed("a"), alloc("c", 18 * MIB)]).peak_reserved_bytes == 20 * MIB
 
 
 def test_the_smallest_free_block_that_fits_is_taken_not_the_first():
@@ -186,7 +182,7 @@ def test_options_parse_pytorch_cuda_alloc_conf():
 
 
 def test_reset_peak_starts_the_peaks_from_what_is_held_now():
-    r = replay([alloc("a", 30 * MIB), free("a"), ("reset_peak",), alloc("b", 10 * MIB)])
+    r = replay([alloc("a", 30 * MIB), free("a"), Event.reset_peak(), alloc("b", 10 * MIB)])
     assert r.peak_allocated_bytes == 10 * MIB  # the 30 MiB before the reset no longer counts
     assert r.peak_reserved_bytes == 30 * MIB  # but its segment is still reserved
 
@@ -202,12 +198,12 @@ def live_peak(events):
     """The peak of the bytes alive, straight from the events (no allocator rules)."""
     sizes, current, peak = {}, 0, 0
     for event in events:
-        if event[0] == "alloc":
-            sizes[event[1]] = event[2]
-            current += event[2]
+        if event.kind == "alloc":
+            sizes[event.key] = event.nbytes
+            current += event.nbytes
             peak = max(peak, current)
-        elif event[0] == "free":
-            current -= sizes.pop(event[1])
+        elif event.kind == "free":
+            current -= sizes.pop(event.key)
     return peak
 
 
@@ -247,8 +243,8 @@ def test_capture_frees_a_storage_when_its_last_view_dies():
             del t
             alive = list(recorder.events)
             del view
-        assert alive == [("alloc", 0, 4000)]
-        assert recorder.events == [("alloc", 0, 4000), ("free", 0)]
+        assert alive == [alloc(0, 4000)]
+        assert recorder.events == [alloc(0, 4000), free(0)]
 
 
 def test_a_gpu_profile_estimate_reports_what_the_allocator_reserves():
@@ -297,10 +293,10 @@ def test_cublas_workspace_is_a_block_alive_through_the_step(monkeypatch):
     with capture.Recorder(capture.alive_at_step(model, torch.optim.SGD(model.parameters()),
                                                 capture.cublas_workspace_bytes())) as recorder:
         pass
-    sizes = [e[2] for e in recorder.events if e[0] == "alloc"]
+    sizes = [e.nbytes for e in recorder.events if e.kind == "alloc"]
     # weight, bias, then the training thread's and the autograd thread's workspaces (no state for SGD)
     assert sizes == [64, 16, 8_519_680, 8_519_680]
-    assert [recorder.categories[e[1]] for e in recorder.events] == ["params", "params", "workspace", "workspace"]
+    assert [recorder.categories[e.key] for e in recorder.events] == ["params", "params", "workspace", "workspace"]
 
 
 def test_a_4bit_weight_brings_its_block_scales_and_8bit_state_its_maps_once():
@@ -322,7 +318,7 @@ def test_a_4bit_weight_brings_its_block_scales_and_8bit_state_its_maps_once():
     workspace = capture.cublas_workspace_bytes()
     with capture.Recorder(capture.alive_at_step(model, optimizer, workspace)) as recorder:
         pass
-    sizes = [e[2] for e in recorder.events if e[0] == "alloc"]
+    sizes = [e.nbytes for e in recorder.events if e.kind == "alloc"]
     # packed 4-bit weight, one fp32 scale per 64 values, the 16-value NF4 code; the head's weight;
     # the workspace, the head's gradient; its two uint8 states, two block-scale vectors and two maps once
     assert sizes[:6] == [128 * 256 // 2, 128 * 256 // 64 * 4, 16 * 4, 4096 * 128 * 4, workspace, workspace]
@@ -342,4 +338,4 @@ def test_a_storage_resized_in_place_frees_its_block_and_takes_one_of_the_new_siz
         weight.untyped_storage().resize_(8192)
         fresh = torch.empty(0)
         fresh.untyped_storage().resize_(2048)  # first seen at its new size
-    assert recorder.events == [("alloc", 0, 4096), ("free", 0), ("alloc", 1, 8192), ("alloc", 2, 2048)]
+    assert recorder.events == [alloc(0, 4096), free(0), alloc(1, 8192), alloc(2, 2048)]

@@ -5,37 +5,35 @@ the segments that existed when recording started, every allocation (requested si
 recorded, and the addresses cudaMalloc gave new segments. The model must put every block where the GPU
 put it and end with the snapshot's reserved bytes, segments and allocated bytes."""
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from memsweep.estimate.allocator import CachingAllocator, Options
+from memsweep.estimate.events import Event
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # also run by snapshot_jobs.py
+from snapshot_excerpt import recorded, start_segments  # noqa: E402
 
 SNAPSHOTS = sorted((Path(__file__).parent / "snapshots").glob("*.json"))
 
 
-def seeded(excerpt: dict, addresses: bool = True) -> CachingAllocator:
-    """The allocator as recording found it: the start's segments, their allocated blocks keyed by address."""
-    allocator = CachingAllocator(Options(), iter(excerpt["new_segments"]) if addresses else None)
-    allocator.seed([(base, size, small, [(addr, nbytes, addr if live else None) for addr, nbytes, live in blocks])
-                    for base, size, small, blocks in excerpt["start"]])
-    return allocator
-
-
 def replay_excerpt(excerpt: dict, addresses: bool = True) -> tuple[CachingAllocator, int]:
-    """Replay the recorded events; returns the allocator and how many blocks landed elsewhere than on the GPU."""
-    allocator, keys, misplaced = seeded(excerpt, addresses), {}, 0
-    for addr, nbytes, live in (b for s in excerpt["start"] for b in s[3]):
-        if live:
-            keys[addr] = addr
-    for n, event in enumerate(excerpt["events"]):
-        if len(event) == 2:
-            addr, nbytes = event
-            allocator.malloc(("event", n), nbytes)
-            keys[addr] = ("event", n)
-            misplaced += allocator.live[("event", n)].addr != addr
-        else:
-            allocator.free(keys.pop(event[0]))
+    """Replay the recorded events on the allocator as recording found it (the start's segments); returns the
+    allocator and how many blocks landed elsewhere than on the GPU."""
+    allocator = CachingAllocator(Options(), iter(excerpt["new_segments"]) if addresses else None)
+    start = start_segments(excerpt)
+    allocator.seed(start)
+    keys = {block.addr: block.key for segment in start for block in segment.blocks if block.key is not None}
+    misplaced = 0
+    for n, entry in enumerate(recorded(excerpt)):
+        if entry.size is None:
+            allocator.apply(Event.free(keys.pop(entry.addr)))
+            continue
+        key = keys[entry.addr] = ("event", n)
+        allocator.apply(Event.alloc(key, entry.size))
+        misplaced += allocator.live[key].addr != entry.addr
     return allocator, misplaced
 
 

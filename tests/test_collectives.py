@@ -1,5 +1,5 @@
 """Several processes' collectives: the bytes each rank sends per step, the link they cross, and what the step
-waits for them (estimate/collectives.py, roofline.collectives_waited)."""
+waits for them (estimate/collectives.py: volume, waited)."""
 import pytest
 
 from conftest import job_of
@@ -44,7 +44,8 @@ def test_each_engine_sends_what_its_ring_collectives_move_per_step():
 def test_the_ring_crosses_nvlink_the_pcie_link_or_the_network():
     def link(*extra):
         job, profile = job_of(LLAMA + ["distributed.nproc=4", "fsdp=full_shard"] + list(extra))
-        return collectives.link_gbs(profile, job.distributed)[0]
+        gbs, _ = collectives.link_gbs(profile, job.distributed)
+        return gbs
     assert link() == 300.0  # the A100's NVLink, one direction
     assert link("hardware=rtx4090") == 31.5  # no NVLink: its PCIe 4.0 x16 host link
     assert link("distributed.nodes=2") is None  # across nodes, no network given: not timed
@@ -54,20 +55,20 @@ def test_the_ring_crosses_nvlink_the_pcie_link_or_the_network():
 
 def test_a_step_waits_for_the_collectives_that_outlast_the_compute_they_overlap():
     fast = estimate_job(*job_of(LLAMA + ["distributed.nproc=4", "fsdp=full_shard"])).step_time
-    assert fast["collectives_s"] > 0 and fast["collectives_waited_s"] == 0  # hidden under forward and backward
+    assert fast.collectives.took_s > 0 and fast.collectives.waited_s == 0  # hidden under forward and backward
     slow = estimate_job(*job_of(LLAMA + ["distributed.nproc=4", "fsdp=full_shard",
                                          "hardware.interconnect_gbs=0.001"])).step_time
-    compute = slow["accumulation_steps"] * (slow["forward_s"] + slow["backward_s"])
-    assert slow["collectives_s"] == pytest.approx(slow["collective_bytes"] / 1e6)  # 1 MB/s
-    assert slow["collectives_s"] > compute
-    assert slow["collectives_waited_s"] == pytest.approx(slow["collectives_s"] - compute)
-    assert slow["step_s"] == pytest.approx(fast["step_s"] + slow["collectives_waited_s"])
+    compute = slow.accumulation_steps * (slow.forward_s + slow.backward_s)
+    assert slow.collectives.took_s == pytest.approx(slow.collectives.sent_bytes / 1e6)  # 1 MB/s
+    assert slow.collectives.took_s > compute
+    assert slow.collectives.waited_s == pytest.approx(slow.collectives.took_s - compute)
+    assert slow.step_s == pytest.approx(fast.step_s + slow.collectives.waited_s)
     # what runs after the optimizer step is waited for whole
     one_gbs = 1.0 * collectives.GB
     assert collectives.waited_s(collectives.Volume(overlapped=2e9, after_step=1e9), one_gbs, 1.5) == (3.0, 1.5)
     # nodes without a network bandwidth: the step is a lower bound, and says so
     multi = estimate_job(*job_of(LLAMA + ["distributed.nproc=4", "distributed.nodes=2", "fsdp=full_shard"])).step_time
-    assert "collectives_s" not in multi and "not timed" in multi["note"]
+    assert multi.collectives.took_s is None and "not timed" in multi.note
 
 
 @pytest.mark.parametrize("key", ["distributed.network_gbs", "hardware.interconnect_gbs"])

@@ -222,8 +222,8 @@ def whole_then_autofit_in_a_fresh_process(overrides, sweep_dir):
 def test_autofit_runs_the_micro_batch_it_picks_where_the_whole_batch_runs_out_of_memory(tmp_path):
     # Long sequences with eager attention: activations grow with the micro-batch and dominate. The CPU
     # profile's memory_gib is a real cap (memcap.py): the whole batch of 64 runs out of memory under it.
-    capped = ["model=tiny", "data.train_size=128", "data.eval_size=32", "logger=none", f"threads={THREADS}", "max_steps=2",
-              "optim=sgd", "batch_size=64", "max_seq_len=512", "attention=eager", "hardware=cpu",
+    capped = ["model=tiny", "data.train_size=128", "data.eval_size=32", "logger=none", f"threads={THREADS}",
+              "max_steps=2", "optim=sgd", "batch_size=64", "max_seq_len=512", "attention=eager", "hardware=cpu",
               "hardware.memory_gib=0.5"]
     whole, fitted = whole_then_autofit_in_a_fresh_process(capped, tmp_path / "sweep")
     assert whole["status"] == "oom", whole["reason"]

@@ -40,7 +40,8 @@ def test_llama_combinations_per_gpu(tmp_path, capsys):
     for row in rows:  # a T4 has no bf16: the cell says so through a numbered note
         assert row["t4 fits"] == "unsupported [1]" and row["t4 used GiB"] == "-"
     assert any(n.startswith("[1] unsupported: bf16-unsupported") for n in notes)
-    by_lora = {json.loads((d / sweepdir.OVERRIDES_FILE).read_text())[-1]: json.loads((d / sweepdir.ESTIMATE_FILE).read_text())
+    by_lora = {json.loads((d / sweepdir.OVERRIDES_FILE).read_text())[-1]:
+               json.loads((d / sweepdir.ESTIMATE_FILE).read_text())
                for d in out.iterdir() if (d / sweepdir.ESTIMATE_FILE).is_file()}
     assert set(by_lora) == {"lora=none", "lora=r8"}
     for row in rows:

@@ -175,5 +175,5 @@ def test_under_fsdp_each_accumulating_micro_batch_adds_whole_gradients_on_every_
         return core.estimate_job(*job_of(overrides)).step_time
 
     one, two = step_time(1), step_time(2)
-    assert two["ops_accumulating"] == one["ops_accumulating"] > 0
-    assert two["accumulate_s"] == pytest.approx(one["accumulate_s"]) and one["accumulate_s"] > 0
+    assert two.ops_accumulating == one.ops_accumulating > 0
+    assert two.accumulate_s == pytest.approx(one.accumulate_s) and one.accumulate_s > 0

@@ -92,7 +92,7 @@ def test_the_ledger_reads_the_gpu_and_the_state_cpu_offload_leaves_there():
     # the host's tracked tensors (offload's copies, the host optimizer) may outweigh the GPU's
     snaps = {torch.device("cpu"): {"Total": 9, "Parameter": 9}, torch.device("cuda", 0): {"Total": 5, "Parameter": 5}}
     tracker = SimpleNamespace(get_tracker_snapshot=lambda kind: snaps, saved_activations=0, category_max={})
-    assert ledger_reading(tracker, 0)["peak_bytes"] == 5
+    assert ledger_reading(tracker, 0).peak_bytes == 5
 
 
 def test_a_finished_job_lets_go_of_the_weights_cpu_offloads_hooks_hold():

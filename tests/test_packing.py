@@ -6,18 +6,19 @@ import pytest
 
 from memsweep.estimate import capture
 from memsweep.estimate.allocator import MIB, Options, replay
+from memsweep.estimate.events import Event
 
 LAYERS = 4
 
 
-def synthetic_step(tokens: int) -> tuple[list, dict]:
+def synthetic_step(tokens: int) -> tuple[list[Event], dict]:
     """A decoder-like step: weights, workspace and optimizer state alive throughout; per layer a forward
     that keeps an input and a wide intermediate for backward and frees a scratch block; a backward that
     frees them in reverse and makes each layer's gradient."""
     events, categories = [], {}
 
     def alloc(key, nbytes, category):
-        events.append(("alloc", key, nbytes))
+        events.append(Event.alloc(key, nbytes))
         categories[key] = category
 
     for layer in range(LAYERS):
@@ -28,11 +29,11 @@ def synthetic_step(tokens: int) -> tuple[list, dict]:
         alloc(("x", layer), tokens * 4096, "activations")
         alloc(("h", layer), tokens * 16384, "activations")
         alloc(("scratch", layer), tokens * 12288, "activations")
-        events.append(("free", ("scratch", layer)))
+        events.append(Event.free(("scratch", layer)))
     for layer in reversed(range(LAYERS)):
         alloc(("g", layer), 24 * MIB, "grads")
         alloc(("dh", layer), tokens * 16384, "activations")
-        events += [("free", ("dh", layer)), ("free", ("h", layer)), ("free", ("x", layer))]
+        events += [Event.free(("dh", layer)), Event.free(("h", layer)), Event.free(("x", layer))]
     return events, categories
 
 

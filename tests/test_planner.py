@@ -9,6 +9,7 @@ from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
 from memsweep.estimate.core import device_key, estimate_job
 from memsweep.planner import batch, depth, floor, parallel, search, space, table, twin
+from memsweep.planner.space import Combination, Placement
 
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
 pytestmark = pytest.mark.xdist_group("planner")
@@ -23,81 +24,83 @@ def test_blocks_traced_at_two_depths_and_scaled_match_the_full_trace():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=6", "model.hidden_size=256",
                      "model.intermediate_size=1024", "max_seq_len=256", "batch_size=4", "precision=bf16_true"])
     gpu = load_profile("a100_40gb")
-    full = depth.row_figures(job, [gpu], {}, None)["per_gpu"][gpu.name]
-    scaled = depth.row_figures(job, [gpu], {}, [2, 3])["per_gpu"][gpu.name]
-    assert scaled["peak_bytes"] == full["peak_bytes"]  # tensor bytes: affine in the blocks, exactly
-    assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-6)  # a sum over ops
+    full = depth.row_figures(job, [gpu], {}, None).per_gpu[gpu.name]
+    scaled = depth.row_figures(job, [gpu], {}, [2, 3]).per_gpu[gpu.name]
+    assert scaled.peak_bytes == full.peak_bytes  # tensor bytes: affine in the blocks, exactly
+    assert scaled.step_s == pytest.approx(full.step_s, rel=1e-6)  # a sum over ops
     # reserved: the larger reserved/allocated ratio of the two traces, on the safe side, and close
-    assert full["reserved_bytes"] <= scaled["reserved_bytes"] <= 1.1 * full["reserved_bytes"]
+    assert full.reserved_bytes <= scaled.reserved_bytes <= 1.1 * full.reserved_bytes
 
 
-@pytest.mark.parametrize("processes, placed", [(1, {"offload": "optimizer"}), (4, {"deepspeed": "zero2"}),
-                                               (4, {"deepspeed": "zero3_offload"}), (4, {"fsdp": "full_shard"})])
-def test_blocks_scaled_hold_wherever_the_state_lives(processes, placed):
+@pytest.mark.parametrize("processes, placement", [(1, Placement(offload="optimizer")),
+                                                  (4, Placement(deepspeed="zero2")),
+                                                  (4, Placement(deepspeed="zero3_offload")),
+                                                  (4, Placement(fsdp="full_shard"))])
+def test_blocks_scaled_hold_wherever_the_state_lives(processes, placement):
     """Offloaded, ZeRO-partitioned or FSDP-sharded, each block still adds the same tensors and ops: the depth
     shortcut against the full trace (ZeRO-2's reduce bucket lands a few hundred bytes apart: 1e-5)."""
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=5", "model.hidden_size=256",
-                     "model.intermediate_size=1024", "max_seq_len=64", "batch_size=64", f"distributed.nproc={processes}"])
-    combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "none", "offload": "none",
-             "deepspeed": "none", "fsdp": "none", **placed}
+                     "model.intermediate_size=1024", "max_seq_len=64", "batch_size=64",
+                     f"distributed.nproc={processes}"])
+    combo = Combination(precision="bf16", optim="adamw", checkpointing="none", lora="none", placement=placement)
     variant, gpu = space.variant(job, combo, 2), load_profile("a100_40gb")
-    full = depth.row_figures(variant, [gpu], {}, None)["per_gpu"][gpu.name]
-    scaled = depth.row_figures(variant, [gpu], {}, [2, 3])["per_gpu"][gpu.name]
-    assert scaled["peak_bytes"] == pytest.approx(full["peak_bytes"], rel=1e-5)
-    assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-3)
-    assert full["reserved_bytes"] <= scaled["reserved_bytes"] <= 1.1 * full["reserved_bytes"]
+    full = depth.row_figures(variant, [gpu], {}, None).per_gpu[gpu.name]
+    scaled = depth.row_figures(variant, [gpu], {}, [2, 3]).per_gpu[gpu.name]
+    assert scaled.peak_bytes == pytest.approx(full.peak_bytes, rel=1e-5)
+    assert scaled.step_s == pytest.approx(full.step_s, rel=1e-3)
+    assert full.reserved_bytes <= scaled.reserved_bytes <= 1.1 * full.reserved_bytes
 
 
 def test_a_micro_batch_from_two_traces_matches_its_full_trace():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=16"])
-    combo = {"precision": "bf16_true", "optim": "adamw", "checkpointing": "none", "lora": "none"}
+    combo = Combination(precision="bf16_true", optim="adamw", checkpointing="none", lora="none")
     variant, gpu, memo = space.variant(job, combo, 8), load_profile("a100_40gb"), {}
     made = depth.row_figures(variant, [gpu], memo, None)
-    assert batch.derived(variant, gpu, memo) and "micro-batch from" in made["method"]  # not traced itself
+    assert batch.derived(variant, gpu, memo) and "micro-batch from" in made.method  # not traced itself
     own = {}
     traced = estimate_job(variant, gpu, own)
     # each product's shapes on their lines too (a CPU times them at their shapes: roofline.products_s)
     key = device_key(variant, gpu)
-    assert memo[key]["roofline_products"] == own[key]["roofline_products"] != []
-    scaled, full = made["per_gpu"][gpu.name], depth.figures(traced)
+    assert memo[key].roofline_products == own[key].roofline_products != []
+    scaled, full = made.per_gpu[gpu.name], depth.figures(traced)
     # each allocation on its line, replayed: the same step, to the byte, on the safe side of packing too
-    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
-        assert scaled[key] == full[key], key
+    assert (scaled.peak_bytes, scaled.allocated_bytes, scaled.reserved_bytes) == (
+        full.peak_bytes, full.allocated_bytes, full.reserved_bytes)
     assert estimate_job(variant, gpu, memo).reserved_upper_bytes == traced.reserved_upper_bytes
     # a row's fit is mode=estimate's own: the safe side of packing plus the context, the same margin
-    assert depth.with_fit(full, gpu)["margin_bytes"] == traced.margin_bytes
-    assert scaled["step_s"] == pytest.approx(full["step_s"], rel=1e-9)  # each op's FLOPs and bytes on its line
+    assert depth.with_fit(full, gpu).margin_bytes == traced.margin_bytes
+    assert scaled.step_s == pytest.approx(full.step_s, rel=1e-9)  # each op's FLOPs and bytes on its line
 
 
 def test_over_several_processes_a_micro_batch_is_derived_from_the_same_processes_traces():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=64",
                      "distributed.nproc=4"])
-    combo = {"precision": "bf16_true", "optim": "adamw", "checkpointing": "none", "lora": "none"}
+    combo = Combination(precision="bf16_true", optim="adamw", checkpointing="none", lora="none")
     variant, gpu, memo = space.variant(job, combo, 8), load_profile("a100_40gb"), {}  # 8 a rank, accumulation 2
     made = depth.row_figures(variant, [gpu], memo, None)
     assert batch.derived(variant, gpu, memo)
     bases = [batch.at_micro_batch(variant, k) for k in batch.BASES]  # each rank's 16 as 2 x 8 and 4 x 4
     assert [b.accumulation.steps for b in bases] == [8, 4]
-    full = depth.figures(estimate_job(variant, gpu, {}), 4)
-    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
-        assert made["per_gpu"][gpu.name][key] == full[key], key
-    assert made["per_gpu"][gpu.name]["step_s"] == pytest.approx(full["step_s"], rel=1e-9)
+    full, scaled = depth.figures(estimate_job(variant, gpu, {}), 4), made.per_gpu[gpu.name]
+    assert (scaled.peak_bytes, scaled.allocated_bytes, scaled.reserved_bytes) == (
+        full.peak_bytes, full.allocated_bytes, full.reserved_bytes)
+    assert scaled.step_s == pytest.approx(full.step_s, rel=1e-9)
 
 
 def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4"])
-    combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "r8"}
+    combo = Combination(precision="bf16", optim="adamw", checkpointing="none", lora="r8")
     t4, memo = load_profile("t4"), {}  # a T4 has no bf16 rate: the ops must be read as fp16's
-    fp16 = space.variant(job, {**combo, "precision": "fp16"}, 2)
+    fp16 = space.variant(job, dataclasses.replace(combo, precision="fp16"), 2)
     estimate_job(space.variant(job, combo, 2), t4, memo)
     made = depth.row_figures(fp16, [t4], memo, None)
-    assert "the bf16 trace" in made["method"]
+    assert "the bf16 trace" in made.method
     own = {}
-    scaled, full = made["per_gpu"][t4.name], depth.figures(estimate_job(fp16, t4, own))
+    scaled, full = made.per_gpu[t4.name], depth.figures(estimate_job(fp16, t4, own))
     # the products read in fp16 as they are traced in fp16
-    assert memo[device_key(fp16, t4)]["roofline_products"] == own[device_key(fp16, t4)]["roofline_products"] != []
-    for key in ("peak_bytes", "allocated_bytes", "reserved_bytes", "step_s"):
-        assert scaled[key] == pytest.approx(full[key], rel=twin.TOLERANCE), key
+    assert memo[device_key(fp16, t4)].roofline_products == own[device_key(fp16, t4)].roofline_products != []
+    assert (scaled.peak_bytes, scaled.allocated_bytes, scaled.reserved_bytes, scaled.step_s) == pytest.approx(
+        (full.peak_bytes, full.allocated_bytes, full.reserved_bytes, full.step_s), rel=twin.TOLERANCE)
 
 
 def test_two_worker_processes_find_the_rows_one_finds():
@@ -107,18 +110,17 @@ def test_two_worker_processes_find_the_rows_one_finds():
                      "plan.offload=[none]"])
     units = space.units(job)
     # a combination and its precision twin in one unit (the one's trace serves the other); LoRA's first
-    assert [[c["precision"] for _, c in u] for u in units] == [["fp16", "bf16"], ["bf16_true"]] * 2
-    assert [u[0][1]["lora"] for u in units] == ["r8", "r8", "none", "none"]
+    assert [[c.precision for _, c in u] for u in units] == [["fp16", "bf16"], ["bf16_true"]] * 2
+    assert [[c.lora for _, c in u] for u in units] == [["r8", "r8"], ["r8"], ["none", "none"], ["none"]]
     assert sorted(n for u in units for n, _ in u) == list(range(1, 7))
     lines = []
     there = search.search(job, progress=lines.append)
     # the same units one after another in one fresh process, sharing one memo, as a search with one worker does
     # here (a fresh process: this one holds what earlier tests left behind)
     [here] = parallel.map_units(search.unit_rows, job, [[c for u in units for c in u]], 1, lambda line: None)
-    differ = [(n, k, a.get(k), b.get(k)) for n, (a, b) in enumerate(zip(there, here)) for k in {**a, **b}
-              if a.get(k) != b.get(k)]
-    assert len(lines) == 6 and len(there) == len(here) and not differ, differ[:5]
-    assert any(r["status"] == "fits" for r in here)
+    differ = [(n, a, b) for n, (a, b) in enumerate(zip(there, here)) if a != b]
+    assert len(lines) == 6 and len(there) == len(here) and not differ, differ[:2]
+    assert any(r.status == "fits" for r in here)
 
 
 def test_worker_count_is_asked_for_or_one_per_cpu_never_more_than_units():
@@ -139,29 +141,28 @@ def plan_rows():
 
 def test_the_top_row_is_the_fastest_that_fits_and_every_dropped_row_is_refused_or_too_large(plan_rows):
     job, rows, memo = plan_rows
-    fitting = [r for r in rows if r["status"] == "fits"]
-    assert fitting and rows[0]["rank"] == 1 and rows[0]["status"] == "fits"
-    assert rows[0]["step_s"] == min(r["step_s"] for r in fitting)
-    dropped = [r for r in rows if r["status"] != "fits"]
-    assert {r["status"] for r in dropped} == {"refused", "does not fit"}
+    fitting = [r for r in rows if r.status == "fits"]
+    assert fitting and rows[0].rank == 1 and rows[0].status == "fits"
+    assert rows[0].figures.step_s == min(r.figures.step_s for r in fitting)
+    dropped = [r for r in rows if r.status != "fits"]
+    assert {r.status for r in dropped} == {"refused", "does not fit"}
     for row in dropped:
-        combo = {g: row[g] for g in space.GROUPS}
-        variant, profile = space.variant(job, combo, row["micro_batch"]), load_profile(row["gpu"])
-        if row["status"] == "refused":
-            assert search.refusals(variant, [profile]) == {profile.name: row["reason"]}
+        variant, profile = space.variant(job, row.combination, row.micro_batch), load_profile(row.gpu)
+        if row.status == "refused":
+            assert search.refusals(variant, [profile]) == {profile.name: row.reason}
         else:  # traced in the plan (the memo holds that full trace), by the floor or not at all: the full
             assert not estimate_job(variant, profile, memo).fits  # estimate of that job does not fit
-    assert any(r.get("method") == "floor (no trace)" for r in dropped)  # the floor's rows were checked too
+    assert any(r.method == search.FLOOR for r in dropped)  # the floor's rows were checked too
 
 
 def test_the_floor_is_under_the_full_trace(plan_rows):
     """What the floor counts is held at the step: never more than the traced step's allocated peak."""
     job, rows, memo = plan_rows
-    row = next(r for r in rows if r["status"] == "fits")
-    variant, profile = space.variant(job, {g: row[g] for g in space.GROUPS}, row["micro_batch"]), load_profile(row["gpu"])
+    row = next(r for r in rows if r.status == "fits")
+    variant, profile = space.variant(job, row.combination, row.micro_batch), load_profile(row.gpu)
     held = floor.held_bytes(variant, profile)
-    assert held["grads"] > 0 and held["optimizer"] > 0
-    assert sum(held.values()) <= row["allocated_bytes"]
+    assert held.grads > 0 and held.optimizer > 0
+    assert sum(held.parts().values()) <= row.figures.allocated_bytes
 
 
 def test_plan_writes_its_tables(plan_rows, tmp_path):
@@ -187,20 +188,21 @@ def test_bad_plan_input_is_refused_naming_the_key(override, key):
 def test_a_row_whose_time_leaves_out_collectives_across_nodes_says_so(network):
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "max_seq_len=64", "batch_size=8", "distributed.nproc=2",
                      "distributed.nodes=2", "plan.hardware=[a100_40gb]", "plan.precision=[bf16]", "plan.lora=[none]",
-                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]", "plan.deepspeed=[none]",
-                     "plan.fsdp=[none,full_shard]"]
+                     "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.micro_batches=[2]",
+                     "plan.deepspeed=[none]", "plan.fsdp=[none,full_shard]"]
                     + ([f"distributed.network_gbs={network}"] if network else []))
-    rows = [r for r in search.search(job, memo={}) if r["status"] in ("fits", "does not fit")]
-    assert rows and all(r["step_s"] for r in rows)
+    rows = [r for r in search.search(job, memo={}) if r.status in ("fits", "does not fit")]
+    assert rows and all(r.figures.step_s for r in rows)
     if network:
-        assert not any("not timed" in r["reason"] for r in rows)
+        assert not any("not timed" in r.reason for r in rows)
     else:  # a lower bound, and the row says why
-        assert all("collectives of 4 processes are not timed" in r["reason"] for r in rows)
+        assert all("collectives of 4 processes are not timed" in r.reason for r in rows)
 
 
 def test_a_combination_is_the_job_it_would_be():
     job, _ = job_of(WIDE)
-    variant = space.variant(job, {"precision": "fp16", "optim": "adafactor", "checkpointing": "full", "lora": "qlora"}, 2)
+    combo = Combination(precision="fp16", optim="adafactor", checkpointing="full", lora="qlora")
+    variant = space.variant(job, combo, 2)
     assert (variant.precision.name, variant.optim.name, variant.lora.name, variant.accumulation.steps) == (
         "fp16", "adafactor", "qlora", 4)
     assert dataclasses.replace(variant, precision=job.precision, optim=job.optim, checkpointing=job.checkpointing,
@@ -208,23 +210,23 @@ def test_a_combination_is_the_job_it_would_be():
     # over several processes each takes its share of the batch: micro-batch x accumulation x processes
     ranks, _ = job_of(WIDE + ["distributed.nproc=2", "distributed.nodes=2"])
     assert space.micro_batches(ranks) == [1, 2]
-    assert space.variant(ranks, {"precision": "fp16", "optim": "adamw", "checkpointing": "none", "lora": "r8"},
+    assert space.variant(ranks, Combination(precision="fp16", optim="adamw", checkpointing="none", lora="r8"),
                          1).accumulation.steps * 1 * 4 == ranks.batch_size
 
 
 def test_where_the_state_lives_is_searched_as_the_process_count_allows():
     one, _ = job_of(WIDE)
-    assert [p["offload"] for p in space.placements(one, "none")] == ["none", "optimizer"]
-    assert [p["offload"] for p in space.placements(one, "r8")] == ["none"]  # LoRA: plan.lora_offload
+    assert [p.offload for p in space.placements(one, "none")] == ["none", "optimizer"]
+    assert [p.offload for p in space.placements(one, "r8")] == ["none"]  # LoRA: plan.lora_offload
     ranks, _ = job_of(WIDE + ["distributed.nproc=4"])  # DDP, then each deepspeed and fsdp option that is on
-    assert [table.placement(p) for p in space.placements(ranks, "none")] == [
+    assert [p.overrides for p in space.placements(ranks, "none")] == [
         "none", "deepspeed=zero2", "deepspeed=zero3", "deepspeed=zero3_offload", "fsdp=full_shard",
         "fsdp=full_shard_offload"]
-    combo = {"precision": "bf16", "optim": "adamw", "checkpointing": "none", "lora": "none", "offload": "none",
-             "deepspeed": "zero3_offload", "fsdp": "none"}
+    combo = Combination(precision="bf16", optim="adamw", checkpointing="none", lora="none",
+                        placement=Placement(deepspeed="zero3_offload"))
     variant = space.variant(ranks, combo, 1)
     assert (variant.deepspeed.stage, variant.deepspeed.offload_param, variant.fsdp.name) == (3, True, "none")
-    assert "DeepSpeed zero3_offload" in space.changes_to_training(combo)
+    assert "DeepSpeed zero3_offload" in combo.changes
     assert len(list(space.combinations(ranks))) == 3 * 3 * 2 * 6 + 3 * 2 * 3 * 6  # full x optim + LoRA-family
 
 
@@ -233,14 +235,14 @@ def test_optimizer_offload_lowers_the_floor_to_what_stays_on_the_gpu():
     refused by the floor without a trace; with the state on the host what is left is traced, and fits."""
     job, _ = job_of(WIDE + ["plan.hardware=[t4]", "plan.precision=[fp32]", "plan.lora=[none]", "plan.optim=[adamw]",
                             "plan.checkpointing=[none]", "plan.micro_batches=[1]", "plan.offload=[none,optimizer]"])
-    rows = {r["offload"]: r for r in search.search(job, memo={}) if r["micro_batch"] == 1}
-    assert rows["none"]["method"] == "floor (no trace)" and rows["none"]["status"] == "does not fit"
-    assert "optimizer" in rows["none"]["reason"]
-    assert rows["optimizer"]["method"] == "trace" and rows["optimizer"]["status"] == "fits"
-    held = floor.held_bytes(space.variant(job, {g: rows["none"][g] for g in space.GROUPS}, 1), load_profile("t4"))
-    kept = floor.on_device(held, {"offload": "optimizer"})
-    assert set(kept) == {"weights", "grads"} and sum(kept.values()) <= rows["optimizer"]["allocated_bytes"]
-    assert floor.on_device(held, {"offload": "optimizer_and_grads"}) == {"weights": held["weights"]}
+    rows = {r.combination.placement.offload: r for r in search.search(job, memo={}) if r.micro_batch == 1}
+    assert rows["none"].method == search.FLOOR and rows["none"].status == "does not fit"
+    assert "optimizer" in rows["none"].reason
+    assert rows["optimizer"].method == "trace" and rows["optimizer"].status == "fits"
+    held = floor.held_bytes(space.variant(job, rows["none"].combination, 1), load_profile("t4"))
+    kept = floor.on_device(held, Placement(offload="optimizer")).parts()
+    assert set(kept) == {"weights", "grads"} and sum(kept.values()) <= rows["optimizer"].figures.allocated_bytes
+    assert floor.on_device(held, Placement(offload="optimizer_and_grads")).parts() == {"weights": held.weights}
 
 
 @pytest.fixture(scope="module")
@@ -255,25 +257,25 @@ def sharded_rows():
 
 def test_several_processes_search_ddp_zero_and_fsdp_each_row_its_job(sharded_rows):
     job, rows = sharded_rows
-    assert {table.placement(r) for r in rows} == {p for p in map(table.placement, space.placements(job, "none"))}
+    assert {r.combination.placement for r in rows} == set(space.placements(job, "none"))
     for row in rows:
-        variant, gpu = space.variant(job, {g: row[g] for g in space.GROUPS}, row["micro_batch"]), load_profile(row["gpu"])
-        if row["status"] == "refused":  # DeepSpeed keeps its own fp32 master: no bf16_true
-            assert search.refusals(variant, [gpu]) == {gpu.name: row["reason"]}
+        variant, gpu = space.variant(job, row.combination, row.micro_batch), load_profile(row.gpu)
+        if row.status == "refused":  # DeepSpeed keeps its own fp32 master: no bf16_true
+            assert search.refusals(variant, [gpu]) == {gpu.name: row.reason}
             continue
         est = estimate_job(variant, gpu, {})
-        assert row["accumulation"] == 1 and row["tokens"] == 8 * 64  # the batch over 4 processes
-        assert (row["allocated_bytes"], row["fits"]) == (est.peak_allocated_bytes, est.fits)
-    ddp, sharded = (next(r for r in rows if r["precision"] == "bf16" and table.placement(r) == p)
-                    for p in ("none", "fsdp=full_shard"))
-    assert sharded["allocated_bytes"] < ddp["allocated_bytes"]  # each rank holds a quarter of the state
+        assert row.accumulation == 1 and row.figures.tokens == 8 * 64  # the batch over 4 processes
+        assert (row.figures.allocated_bytes, row.figures.fits) == (est.peak_allocated_bytes, est.fits)
+    ddp, sharded = (next(r for r in rows if r.combination.precision == "bf16" and r.combination.placement == p)
+                    for p in (Placement(), Placement(fsdp="full_shard")))
+    assert sharded.figures.allocated_bytes < ddp.figures.allocated_bytes  # each rank holds a quarter of the state
 
 
 def test_a_time_that_is_a_lower_bound_ranks_after_those_timed_whole(sharded_rows):
     _, rows = sharded_rows
-    fitting = [r for r in rows if r["status"] == "fits"]
-    whole, bound = ([r for r in fitting if bool(r.get("time_note")) is b] for b in (False, True))
+    fitting = [r for r in rows if r.status == "fits"]
+    whole, bound = ([r for r in fitting if bool(r.figures.time_note) is b] for b in (False, True))
     assert whole and bound and fitting == whole + bound  # every lower bound after every whole time
-    assert [r["step_s"] for r in whole] == sorted(r["step_s"] for r in whole)
+    assert [r.figures.step_s for r in whole] == sorted(r.figures.step_s for r in whole)
     shown = table.markdown(rows)
-    assert f">= {round(bound[0]['step_s'], 4)}" in shown and f"| {round(whole[0]['step_s'], 4)} |" in shown
+    assert f">= {round(bound[0].figures.step_s, 4)}" in shown and f"| {round(whole[0].figures.step_s, 4)} |" in shown

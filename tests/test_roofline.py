@@ -2,7 +2,6 @@
 what the traced step holds (checkpointing's recomputation, the optimizer step, offload's host copies), and
 on this CPU the prediction of a real fp32 job against its measured step time."""
 from collections import Counter
-from dataclasses import asdict
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from conftest import job_of, run_job
 from memsweep.config.hardware import load_profile
 from memsweep.estimate import host_cost, meta, op_record, roofline, step, table, trace
 from memsweep.estimate.core import estimate_job
+from memsweep.estimate.products import Operand, TensorSpec
 from memsweep.run.setup import build_setup
 
 # the blocks outweigh the embeddings and head here, so recomputing them shows
@@ -26,13 +26,13 @@ def test_an_op_takes_the_longer_of_its_flops_and_its_bytes():
         a, b = torch.empty(512, 1024), torch.empty(1024, 256)
         with op_record.recording() as ops:
             torch.mm(a, b)
-    [(phase, key, flops, moved, n)] = op_record.reading(ops)
-    assert (phase, key, flops, n) == ("forward", "fp32", 2 * 512 * 1024 * 256, 1)
-    assert moved == 4 * (512 * 1024 + 1024 * 256 + 512 * 256)  # read both inputs, write the output
+    [op] = op_record.reading(ops)
+    assert (op.phase, op.dtype, op.flops, op.times) == ("forward", "fp32", 2 * 512 * 1024 * 256, 1)
+    assert op.moved == 4 * (512 * 1024 + 1024 * 256 + 512 * 256)  # read both inputs, write the output
     fast_memory = roofline.Rates(flops={"fp32": 1e12}, memory_bytes_s=1e15, host_bytes_s=None)
     slow_memory = roofline.Rates(flops={"fp32": 1e12}, memory_bytes_s=1e9, host_bytes_s=None)
-    assert roofline.seconds(reading := op_record.reading(ops), fast_memory)["forward"] == pytest.approx(flops / 1e12)
-    assert roofline.seconds(reading, slow_memory)["forward"] == pytest.approx(moved / 1e9)
+    assert roofline.seconds([op], fast_memory).seconds.forward == pytest.approx(op.flops / 1e12)
+    assert roofline.seconds([op], slow_memory).seconds.forward == pytest.approx(op.moved / 1e9)
 
 
 def test_on_a_gpu_a_product_takes_its_math_then_its_traffic_as_an_h200_measured():
@@ -68,8 +68,9 @@ def test_asking_a_tensor_its_device_moves_no_bytes():
         with op_record.recording() as ops:
             torch.ops.prim.device(a)
             a.mul(2)
-    [(_, key, flops, moved, n)] = op_record.reading(ops)
-    assert (key, flops, moved, n) == ("-", 0, 2 * 4 * 4096 * 1024, 1)  # the multiply alone: read a, write the product
+    [op] = op_record.reading(ops)
+    # the multiply alone: read a, write the product
+    assert op == op_record.CountedOp("forward", "-", 0, 2 * 4 * 4096 * 1024, 1)
 
 
 def test_on_a_cpu_an_output_written_over_an_input_moves_no_bytes_of_its_own():
@@ -86,7 +87,7 @@ def test_on_a_cpu_an_output_written_over_an_input_moves_no_bytes_of_its_own():
                 torch.add(a, b)
                 torch.add(a, b, out=c)  # the out= tensor's lines are read in before they are written
                 c.copy_(a)  # as the measured copy rate counts it: the source and the destination (peak.copy_bytes_s)
-            assert [op[3] for op in ops.sequence] == [in_place, out_of_place, into, copied]
+            assert [op.moved for op in ops.sequence] == [in_place, out_of_place, into, copied]
 
 
 def test_flash_attention_is_timed_in_its_operands_dtype_not_its_fp32_log_sum_exp():
@@ -97,8 +98,9 @@ def test_flash_attention_is_timed_in_its_operands_dtype_not_its_fp32_log_sum_exp
         with op_record.recording() as ops:
             out = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, is_causal=True)
     assert {out[0].dtype, out[1].dtype} == {torch.bfloat16, torch.float32}  # the output, its log-sum-exp
-    [(phase, key, flops, _, n)] = op_record.reading(ops)
-    assert (phase, key, n) == ("forward", "bf16", 1) and flops == 4 * 2 * 4 * 256 * 256 * 64  # QK^T and PV
+    [op] = op_record.reading(ops)
+    assert (op.phase, op.dtype, op.times) == ("forward", "bf16", 1)
+    assert op.flops == 4 * 2 * 4 * 256 * 256 * 64  # QK^T and PV
 
 
 def test_profiles_carry_memory_and_host_link_bandwidth():
@@ -115,13 +117,13 @@ def test_checkpointing_adds_the_recomputed_forward_to_backward():
     plain = estimate_job(*job_of(LLAMA + ["precision=bf16_true"])).step_time
     recomputed = estimate_job(*job_of(LLAMA + ["precision=bf16_true", "checkpointing=full"])).step_time
     # within a few ops: each takes at least a kernel's minimum, and the checkpointed forward runs 8 fewer here
-    assert recomputed["forward_s"] == pytest.approx(plain["forward_s"], rel=0.05)
-    extra = recomputed["backward_s"] - plain["backward_s"]
-    assert 0.5 * plain["forward_s"] < extra <= 1.05 * plain["forward_s"]  # the blocks' forward, run again
+    assert recomputed.forward_s == pytest.approx(plain.forward_s, rel=0.05)
+    extra = recomputed.backward_s - plain.backward_s
+    assert 0.5 * plain.forward_s < extra <= 1.05 * plain.forward_s  # the blocks' forward, run again
     # the recomputed forward is more ops for the host to dispatch; the mean op is their GPU time over them
-    assert recomputed["ops_per_micro_batch"] > plain["ops_per_micro_batch"] > 0
-    assert plain["gpu_us_per_op"] == pytest.approx(
-        1e6 * (plain["forward_s"] + plain["backward_s"]) / plain["ops_per_micro_batch"])
+    assert recomputed.ops_per_micro_batch > plain.ops_per_micro_batch > 0
+    assert plain.gpu_us_per_op == pytest.approx(
+        1e6 * (plain.forward_s + plain.backward_s) / plain.ops_per_micro_batch)
 
 
 def test_on_a_cpu_each_recomputed_op_costs_the_host_what_checkpointing_costs_this_cpu_per_op(monkeypatch):
@@ -133,17 +135,17 @@ def test_on_a_cpu_each_recomputed_op_costs_the_host_what_checkpointing_costs_thi
     monkeypatch.setattr(peak, "module_walk_s", lambda: 1e-4)
     t = {c: estimate_job(*job).step_time for c, job in jobs.items()}
     # the recomputed ops are the forward's ops run again inside the backward: the backward's extra ops
-    assert t["none"]["ops_recomputed"] == 0
-    assert t["full"]["ops_recomputed"] == t["full"]["ops_per_micro_batch"] - t["none"]["ops_per_micro_batch"] > 0
-    assert 0 < t["selective"]["ops_recomputed"] < t["full"]["ops_recomputed"]  # the kept matmuls are not rerun
+    assert t["none"].ops_recomputed == 0
+    assert t["full"].ops_recomputed == t["full"].ops_per_micro_batch - t["none"].ops_per_micro_batch > 0
+    assert 0 < t["selective"].ops_recomputed < t["full"].ops_recomputed  # the kept matmuls are not rerun
     # each micro-batch's recomputed ops at what this CPU measured for one, beyond their own calls
     rates = roofline.rates_of(jobs["full"][1], "fp32")
-    assert t["full"]["dispatch_s"] == pytest.approx(
-        4 * t["full"]["ops_per_micro_batch"] * rates.host_s_per_op + 4 * t["full"]["ops_recomputed"] * 1e-3
-        + 4 * t["full"]["modules_walked"] * 1e-4 + (3 * t["full"]["ops_accumulating"] + t["full"]["ops_in_optimizer_step"]) * rates.host_s_per_step_op)
+    assert t["full"].dispatch_s == pytest.approx(
+        4 * t["full"].ops_per_micro_batch * rates.host_s_per_op + 4 * t["full"].ops_recomputed * 1e-3
+        + 4 * t["full"].modules_walked * 1e-4
+        + (3 * t["full"].ops_accumulating + t["full"].ops_in_optimizer_step) * rates.host_s_per_step_op)
     # a GPU profile's hooks are not measured (no card here): its step keeps the ops' launches alone
-    assert roofline.recompute_hooks_s({"recomputed_ops": 100}, roofline.rates_of(load_profile("a100_40gb"), "bf16"),
-                                      None) == 0
+    assert roofline.recompute_hooks_s(100, roofline.rates_of(load_profile("a100_40gb"), "bf16"), None) == 0
 
 
 def test_on_a_cpu_each_micro_batch_costs_the_host_trainers_walks_over_every_module_of_the_model(monkeypatch):
@@ -156,17 +158,16 @@ def test_on_a_cpu_each_micro_batch_costs_the_host_trainers_walks_over_every_modu
     t, with_adapters = (estimate_job(*job).step_time for job in (plain, lora))
     # the modules Trainer walks: the model's as the job builds it, adapters included
     job, profile = plain
-    assert t["modules_walked"] == sum(1 for _ in traced_model(job, build_setup(job, profile)).modules()) > 0
-    assert with_adapters["modules_walked"] > t["modules_walked"]
+    assert t.modules_walked == sum(1 for _ in traced_model(job, build_setup(job, profile)).modules()) > 0
+    assert with_adapters.modules_walked > t.modules_walked
     # each of the 4 micro-batches walks them all once for model.train() and once for floating_point_ops
     rates = roofline.rates_of(profile, "fp32")
-    assert roofline.trainer_walks_s({"modules": t["modules_walked"]}, rates) == pytest.approx(
-        t["modules_walked"] * 1e-4)
-    assert t["dispatch_s"] == pytest.approx(
-        4 * (t["ops_per_micro_batch"] * rates.host_s_per_op + t["modules_walked"] * 1e-4)
-        + (3 * t["ops_accumulating"] + t["ops_in_optimizer_step"]) * rates.host_s_per_step_op)
+    assert roofline.trainer_walks_s(t.modules_walked, rates) == pytest.approx(t.modules_walked * 1e-4)
+    assert t.dispatch_s == pytest.approx(
+        4 * (t.ops_per_micro_batch * rates.host_s_per_op + t.modules_walked * 1e-4)
+        + (3 * t.ops_accumulating + t.ops_in_optimizer_step) * rates.host_s_per_step_op)
     # a GPU profile's host is not measured (no card here): none
-    assert roofline.trainer_walks_s({"modules": 100}, roofline.rates_of(load_profile("a100_40gb"), "bf16")) == 0
+    assert roofline.trainer_walks_s(100, roofline.rates_of(load_profile("a100_40gb"), "bf16")) == 0
 
 
 def test_this_cpus_cost_of_a_walk_per_module_is_trainers_two_walks_after_a_cache_sweep_over_the_modules(monkeypatch):
@@ -215,11 +216,11 @@ def test_this_cpus_cost_of_a_recomputed_op_is_the_checkpointed_steps_extra_time_
 
 def test_step_time_adds_accumulation_the_optimizer_and_offload_copies():
     one = estimate_job(*job_of(LLAMA + ["precision=bf16_true"]))
-    assert one.step_time["optimizer_s"] > 0  # AdamW reads and writes every state tensor
+    assert one.step_time.optimizer_s > 0  # AdamW reads and writes every state tensor
     four = estimate_job(*job_of(LLAMA + ["precision=bf16_true", "batch_size=16", "accumulation=x4"]))
     t = four.step_time
-    assert t["accumulation_steps"] == 4
-    assert t["device_s"] == pytest.approx(4 * (t["forward_s"] + t["backward_s"]) + t["accumulate_s"] + t["optimizer_s"])
+    assert t.accumulation_steps == 4
+    assert t.device_s == pytest.approx(4 * (t.forward_s + t.backward_s) + t.accumulate_s + t.optimizer_s)
     # micro-batches 2-4 each add their gradients into the first's: one add per trainable parameter, reading two
     # gradients and writing one, at the card's bandwidth
     from memsweep.estimate.meta import traced_model
@@ -227,18 +228,19 @@ def test_step_time_adds_accumulation_the_optimizer_and_offload_copies():
 
     job, profile = job_of(LLAMA + ["precision=bf16_true", "batch_size=16", "accumulation=x4"])
     trainable = [p for p in traced_model(job, build_setup(job, profile)).parameters() if p.requires_grad]
-    assert t["ops_accumulating"] == len(trainable) and one.step_time["accumulate_s"] == 0
-    rates, moved = roofline.rates_of(profile, "bf16"), 3 * 3 * 2 * four.trainable_params  # 3 adds of 3 bf16 reads/writes
+    assert t.ops_accumulating == len(trainable) and one.step_time.accumulate_s == 0
+    # 3 adds of 3 bf16 reads and writes each
+    rates, moved = roofline.rates_of(profile, "bf16"), 3 * 3 * 2 * four.trainable_params
     floor = 3 * len(trainable) * roofline.KERNEL_MIN_S  # the smallest (a norm's weight) take a kernel's least
-    assert moved / rates.memory_bytes_s < t["accumulate_s"] <= moved / rates.memory_bytes_s + floor
+    assert moved / rates.memory_bytes_s < t.accumulate_s <= moved / rates.memory_bytes_s + floor
     # the host's launches and the device's kernels overlap: at least the longer, at most the sum
-    assert max(t["device_s"], t["dispatch_s"]) <= four.predicted_step_s <= t["device_s"] + t["dispatch_s"]
+    assert max(t.device_s, t.dispatch_s) <= four.predicted_step_s <= t.device_s + t.dispatch_s
     offload = estimate_job(*job_of(LLAMA + ["precision=bf16_true", "offload=activations"])).step_time
-    assert offload["host_transfer_s"] > 0
-    assert offload["step_s"] >= max(offload["device_s"], offload["dispatch_s"]) + offload["host_transfer_s"]
+    assert offload.host_transfer_s > 0
+    assert offload.step_s >= max(offload.device_s, offload.dispatch_s) + offload.host_transfer_s
     # save_on_cpu's own copy ops are in the traced step: more ops to dispatch, more bytes on the device
     plain = one.step_time
-    assert offload["ops_per_micro_batch"] > plain["ops_per_micro_batch"] and offload["device_s"] > plain["device_s"]
+    assert offload.ops_per_micro_batch > plain.ops_per_micro_batch and offload.device_s > plain.device_s
 
 
 def test_zeros_optimizer_step_is_timed_on_each_process_partition():
@@ -247,17 +249,17 @@ def test_zeros_optimizer_step_is_timed_on_each_process_partition():
     gpu = load_profile("a100_40gb")
     spec = (torch.optim.AdamW, {"lr": 1e-3}, None)
     ops = {n: step.flat_partition_ops(spec, n, gpu, torch.bfloat16)[0] for n in (1 << 20, 1 << 22)}
-    moved = {n: sum(nbytes * count for phase, _, _, nbytes, count in record) for n, record in ops.items()}
-    assert all(op[0] == "step" for record in ops.values() for op in record)
+    moved = {n: sum(op.moved * op.times for op in record) for n, record in ops.items()}
+    assert all(op.phase == "step" for record in ops.values() for op in record)
     # every op is elementwise over the partition: the norm reads the 2-byte gradients, the cast writes them in
     # fp32, the clip scales them in place, AdamW reads and writes weights and moments, the copy writes 2 bytes
     assert moved[1 << 22] == pytest.approx(4 * moved[1 << 20], rel=1e-4) and moved[1 << 20] > 40 * (1 << 20)
     one, four = (estimate_job(*job_of(LLAMA + ["precision=bf16", "deepspeed=zero2", f"distributed.nproc={n}"]))
                  for n in (1, 4))
-    assert one.step_time["optimizer_s"] > four.step_time["optimizer_s"] > 0  # a quarter of the values each
-    assert "note" not in one.step_time and "note" not in four.step_time
+    assert one.step_time.optimizer_s > four.step_time.optimizer_s > 0  # a quarter of the values each
+    assert one.step_time.note is None and four.step_time.note is None
     offloaded = estimate_job(*job_of(LLAMA + ["precision=bf16", "deepspeed=zero2_offload"])).step_time
-    assert offloaded["optimizer_s"] == 0 and "not timed (a lower bound" in offloaded["note"]  # CPUAdam on the host
+    assert offloaded.optimizer_s == 0 and "not timed (a lower bound" in offloaded.note  # CPUAdam on the host
 
 
 def test_a_gpu_step_takes_the_longer_of_the_device_and_the_hosts_dispatch_of_its_ops():
@@ -266,31 +268,32 @@ def test_a_gpu_step_takes_the_longer_of_the_device_and_the_hosts_dispatch_of_its
     small_est = estimate_job(*job_of(LLAMA + ["precision=bf16"]))
     small = small_est.step_time
     # the estimate's line (and estimate.md) says the predicted time and what paces it
-    assert f"{small['step_s'] * 1e3:.1f} ms/step predicted (host dispatch)" in table.summary_line(asdict(small_est))
-    assert small["bound"] == "host dispatch" and small["step_s"] == pytest.approx(small["dispatch_s"], rel=0.05)
+    assert f"{small.step_s * 1e3:.1f} ms/step predicted (host dispatch)" in table.summary_line(small_est.to_dict())
+    assert small.bound == "host dispatch" and small.step_s == pytest.approx(small.dispatch_s, rel=0.05)
     # each forward and backward op at what a Llama's op costs a host (host_cost.py), each optimizer op at a bare call's
-    assert small["dispatch_s"] == pytest.approx(small["ops_per_micro_batch"] * roofline.HOST_S_PER_OP
+    assert small.dispatch_s == pytest.approx(small.ops_per_micro_batch * roofline.HOST_S_PER_OP
                                                  * host_cost.relative("llama")
-                                                 + small["ops_in_optimizer_step"] * roofline.HOST_S_PER_STEP_OP)
+                                                 + small.ops_in_optimizer_step * roofline.HOST_S_PER_STEP_OP)
     large = estimate_job(*job_of(LLAMA + ["precision=bf16", "model.hidden_size=2048", "model.intermediate_size=5632",
                                           "model.num_layers=16", "batch_size=16", "max_seq_len=512"])).step_time
-    assert large["bound"] == "device" and large["step_s"] == pytest.approx(large["device_s"], rel=0.01)
-    assert large["device_s"] > large["dispatch_s"]
+    assert large.bound == "device" and large.step_s == pytest.approx(large.device_s, rel=0.01)
+    assert large.device_s > large.dispatch_s
 
 
 def test_the_device_runs_each_op_once_the_host_has_launched_it_and_each_micro_batch_starts_idle():
     rates = roofline.Rates(flops={"bf16": 1e12}, memory_bytes_s=1e15, host_bytes_s=None, host_s_per_op=10e-6,
                            host_s_per_step_op=1e-6, kernel_min_s=1e-6)
-    big, small = ("forward", "bf16", 10**8, 0), ("backward", "-", 0, 0)  # 100 us of matmul; a 1 us kernel
+    # 100 us of matmul; a 1 us kernel
+    big, small = op_record.OpCost("forward", "bf16", 10**8, 0), op_record.OpCost("backward", "-", 0, 0)
+    step_op, added = op_record.OpCost("step", "-", 0, 0), op_record.OpCost("accumulate", "-", 0, 0)
     # launched at 10 us, the matmul ends at 110; the five small ones, launched by 60, run after it: 115 us
     assert roofline.queued_s([big] + [small] * 5, rates, 1) == pytest.approx(115e-6)
     # five small ones first: each waits for its launch (10 ... 50 us, ending at 51), then the matmul: 160 us
     assert roofline.queued_s([small] * 5 + [big], rates, 1) == pytest.approx(160e-6)
     # two micro-batches, each from an idle queue, then the step's op after the last backward: 2 x 115 + 1
-    assert roofline.queued_s([big] + [small] * 5 + [("step", "-", 0, 0)], rates, 2) == pytest.approx(231e-6)
+    assert roofline.queued_s([big] + [small] * 5 + [step_op], rates, 2) == pytest.approx(231e-6)
     # the second micro-batch adds its gradient into the first's (launched as an optimizer's op, 1 us): 2 x 115 + 2
-    added = ("accumulate", "-", 0, 0)
-    assert roofline.queued_s([big] + [small] * 5 + [added, ("step", "-", 0, 0)], rates, 2) == pytest.approx(232e-6)
+    assert roofline.queued_s([big] + [small] * 5 + [added, step_op], rates, 2) == pytest.approx(232e-6)
 
 
 def test_a_gpu_profiles_datasheet_rates_are_taken_at_the_ceilings_measured_on_a_card_a_cpus_as_measured():
@@ -312,11 +315,11 @@ def test_on_a_cpu_each_op_is_called_then_run_by_the_same_thread():
     # a tiny step is mostly calls: four micro-batches' ops (and Trainer's walks over the modules) and the
     # optimizer's loop, each at this CPU's measured cost
     rates = roofline.rates_of(job[1], "fp32")
-    assert t["dispatch_s"] == pytest.approx(4 * (t["ops_per_micro_batch"] * rates.host_s_per_op
-                                                 + t["modules_walked"] * peak.module_walk_s())
-                                            + (3 * t["ops_accumulating"] + t["ops_in_optimizer_step"])
+    assert t.dispatch_s == pytest.approx(4 * (t.ops_per_micro_batch * rates.host_s_per_op
+                                                 + t.modules_walked * peak.module_walk_s())
+                                            + (3 * t.ops_accumulating + t.ops_in_optimizer_step)
                                             * rates.host_s_per_step_op)
-    assert t["step_s"] == pytest.approx(t["device_s"] + t["dispatch_s"]) and t["dispatch_s"] > t["device_s"]
+    assert t.step_s == pytest.approx(t.device_s + t.dispatch_s) and t.dispatch_s > t.device_s
 
 
 @pytest.mark.slow
@@ -353,30 +356,31 @@ def test_a_cpus_dropout_takes_its_random_draws_at_the_rate_this_cpu_draws_them()
     overrides = ["model=tiny", "batch_size=8", "max_seq_len=32"]
     memos = {"cpu": {}, "a100_40gb": {}}
     cpu, _ = (estimate_job(*job_of(overrides + [f"hardware={h}"]), memos[h]) for h in memos)
-    records = {h: next(iter(memo.values()))["roofline_ops"] for h, memo in memos.items()}
-    draws = [op for op in records["cpu"] if op[1] == op_record.RANDOM]
+    records = {h: next(iter(memo.values())).roofline_ops for h, memo in memos.items()}
+    draws = [op for op in records["cpu"] if op.dtype == op_record.RANDOM]
     # a CPU's dropout draws one number per element of its mask (bernoulli_); a GPU's kernel (native_dropout) does
     # not count as draws
-    assert draws and not any(op[1] == op_record.RANDOM for op in records["a100_40gb"])
+    assert draws and not any(op.dtype == op_record.RANDOM for op in records["a100_40gb"])
     assert cpu.flops_per_step == op_record.micro_batch_flops(records["cpu"])  # draws are no FLOPs
-    assert cpu.flops_per_step < op_record.micro_batch_flops([[*op[:1], "fp32", *op[2:]] for op in records["cpu"]])
+    assert cpu.flops_per_step < op_record.micro_batch_flops([op._replace(dtype="fp32") for op in records["cpu"]])
     rates = roofline.rates_of(load_profile("cpu"), "fp32")
-    _, key, n, moved, _ = draws[0]
-    assert roofline.op_s(key, n, moved, rates)[0] == pytest.approx(n / rates.random_per_s)
-    assert n / rates.random_per_s > moved / rates.memory_bytes_s  # drawing, not moving the bytes, is the wait
+    draw, drawn_s = draws[0], draws[0].flops / rates.random_per_s  # a draw's count is the numbers drawn
+    assert roofline.op_s(draw.dtype, draw.flops, draw.moved, rates)[0] == pytest.approx(drawn_s)
+    assert drawn_s > draw.moved / rates.memory_bytes_s  # drawing, not moving the bytes, is the wait
 
 
 def test_a_cpu_pages_in_each_large_tensor_a_step_makes_where_freed_memory_goes_back(monkeypatch):
     from memsweep.estimate import capture
+    from memsweep.estimate.events import Event
     from memsweep.measure import host_memory, peak
 
     big = host_memory.MMAP_THRESHOLD_MAX + 4096
-    events = [("alloc", "weights", big),  # alive before the step: no tensor the step makes
-              ("mark", "forward"), ("alloc", "a", 1024), ("mark", "backward"), ("alloc", "g", big),
-              ("mark", "forward"), ("mark", "backward"), ("alloc", "g2", big), ("free", "g2"),
-              ("mark", "step"), ("alloc", "t", big), ("mark", "end")]
+    events = [Event.alloc("weights", big),  # alive before the step: no tensor the step makes
+              Event.mark("forward"), Event.alloc("a", 1024), Event.mark("backward"), Event.alloc("g", big),
+              Event.mark("forward"), Event.mark("backward"), Event.alloc("g2", big), Event.free("g2"),
+              Event.mark("step"), Event.alloc("t", big), Event.mark("end")]
     # per micro-batch in forward and backward (two here), the whole step's optimizer
-    assert capture.paged_in(events, micro_batches=2) == {"forward": 0.0, "backward": big, "step": big}
+    assert capture.paged_in(events, micro_batches=2) == capture.PagedIn(forward=0.0, backward=big, step=big)
     # MiniLM's word embeddings (30,522 x 384 fp32, 47 MB): backward makes their gradient anew each micro-batch
     monkeypatch.setattr(host_memory, "in_effect", lambda: False)  # an earlier job of this process may have set it
     overrides = ["model=minilm", "batch_size=4", "max_seq_len=32", "accumulation.steps=4"]  # micro-batches of 1
@@ -385,10 +389,10 @@ def test_a_cpu_pages_in_each_large_tensor_a_step_makes_where_freed_memory_goes_b
     pages = 4 * 30522 * 384 * 4 / peak.PAGE
     assert handed_back.trace["paged_in_bytes"]["backward"] == 30522 * 384 * 4
     # at what this process measured a fresh page to cost
-    assert handed_back.step_time["paged_in_s"] == pytest.approx(pages * peak.fresh_page_s())
+    assert handed_back.step_time.paged_in_s == pytest.approx(pages * peak.fresh_page_s())
     assert peak.fresh_page_s() >= 0
     # the job's default keeps freed memory in the process (malloc_reuse): no page comes anew; a GPU's allocator caches
-    assert reused.step_time["paged_in_s"] == 0 and gpu.step_time["paged_in_s"] == 0
+    assert reused.step_time.paged_in_s == 0 and gpu.step_time.paged_in_s == 0
 
 
 def test_a_cpu_times_each_product_of_its_step_at_its_own_shape_on_this_cpu(monkeypatch):
@@ -398,33 +402,34 @@ def test_a_cpu_times_each_product_of_its_step_at_its_own_shape_on_this_cpu(monke
     memos = {"cpu": {}, "a100_40gb": {}}
     for h in memos:
         estimate_job(*job_of(overrides + [f"hardware={h}"]), memos[h])
-    products = next(iter(memos["cpu"].values()))["roofline_products"]
+    products = next(iter(memos["cpu"].values())).roofline_products
     # every linear layer's product, forward and backward, with the shapes and strides the step gave it
-    shapes = {tuple(v[1] for _, v in operands if isinstance(v, tuple) and len(v[1]) == 2)
-              for phase, op, operands, *_ in products if op == "aten.mm.default"}
+    shapes = {tuple(o.value.shape for o in p.operands if isinstance(o.value, TensorSpec) and len(o.value.shape) == 2)
+              for p in products if p.op == "aten.mm.default"}
     assert {((64, 384), (384, 1536)), ((1536, 64), (64, 384))} <= shapes
-    assert sum(n for phase, *_, n in products if phase == "forward") >= 6 * 6  # 6 layers' q, k, v, out, up, down
+    assert sum(p.times for p in products if p.phase == "forward") >= 6 * 6  # 6 layers' q, k, v, out, up, down
     # and the ops whose time is math per element, which the roofline has no FLOPs for: attention's softmax, the
     # MLP's GELU and its gradient, each layer's at its own shape
     math = Counter()
-    for phase, op, operands, key, flops, moved, n in products:
-        if op.split(".")[1] in ("_safe_softmax", "_softmax", "gelu", "gelu_backward"):
-            math[op] += n
+    for p in products:
+        if p.op.split(".")[1] in ("_safe_softmax", "_softmax", "gelu", "gelu_backward"):
+            math[p.op] += p.times
     assert sum(n for op, n in math.items() if "softmax" in op) == 6 and math["aten.gelu.default"] == 6
     assert math["aten.gelu_backward.default"] == 6
-    assert all(flops == 0 for _, op, *_, flops, moved, n in products if op in math)
+    assert all(p.flops == 0 for p in products if p.op in math)
     # each timed at what this CPU takes for it, in place of the roofline at a 1,024-square product's rate
     monkeypatch.setattr(peak, "product_s", lambda op, operands: 1e-3)
     rates = roofline.rates_of(load_profile("cpu"), "fp32")
     timed = estimate_job(*job_of(overrides + ["hardware=cpu"]), memos["cpu"]).step_time
-    plain = roofline.seconds(next(iter(memos["cpu"].values()))["roofline_ops"], rates)
-    expected = plain["forward"] + plain["backward"] + sum(
-        n * (1e-3 - roofline.op_time(key, flops, moved, rates)) for phase, _, _, key, flops, moved, n in products
-        if phase != "step")
-    assert timed["forward_s"] + timed["backward_s"] == pytest.approx(expected)
+    plain = roofline.seconds(next(iter(memos["cpu"].values())).roofline_ops, rates)
+    expected = plain.seconds.forward + plain.seconds.backward + sum(
+        p.times * (1e-3 - roofline.op_time(p.dtype, p.flops, p.moved, rates)) for p in products if p.phase != "step")
+    assert timed.forward_s + timed.backward_s == pytest.approx(expected)
     # what bounds the step is shared over the step's seconds as timed: the timed products' too
-    parts = roofline.seconds(next(iter(memos["cpu"].values()))["roofline_ops"], rates, products)
-    assert parts["compute_bound_s"] + parts["memory_bound_s"] == pytest.approx(sum(parts[p] for p in roofline.PHASES))
+    parts = roofline.seconds(next(iter(memos["cpu"].values())).roofline_ops, rates, products)
+    spent = parts.seconds
+    assert spent.compute_bound_s + spent.memory_bound_s == pytest.approx(
+        spent.forward + spent.backward + spent.accumulate + spent.step)
     # a GPU's products keep the roofline (no card here to time them on); so does a CPU profile that states its rates
     assert rates.timed_products and not roofline.rates_of(load_profile("a100_40gb"), "bf16").timed_products
 
@@ -436,7 +441,8 @@ def test_a_products_operands_out_of_the_caches_take_this_cpu_longer_than_the_sam
     from memsweep.measure import peak
 
     # MiniLM's up-projection at 32 tokens: its 2.4 MB weight comes from memory each time a step reads it
-    operands = ((None, ("tensor", (32, 384), (384, 1), "float32")), (None, ("tensor", (384, 1536), (1, 384), "float32")))
+    operands = (Operand(None, TensorSpec("tensor", (32, 384), (384, 1), "float32")),
+                Operand(None, TensorSpec("tensor", (384, 1536), (1, 384), "float32")))
     a, b = torch.ones(32, 384), torch.ones(1536, 384).t()
 
     def hot() -> float:  # the same operands again and again: in the caches after the first call

@@ -38,9 +38,11 @@ def test_a_public_snapshot_holds_the_norm_weight_gradients_staging_buffers_as_pr
     # its RMSNorm weights' gradients summed over the step's tokens: 2 per layer and the final norm's, 49
     import json
 
+    from test_allocator_snapshots import recorded
+
     for tokens, expected in ((512, 49), (128, 0)):
         excerpt = json.loads((SNAPSHOT_EXCERPTS / f"wedsonlin_medium_{tokens}_training.json").read_text())
-        sizes = [e[1] for e in excerpt["events"] if len(e) == 2]  # [address, size]: an allocation
+        sizes = [e.size for e in recorded(excerpt) if e.size is not None]  # the allocations
         made = reduction_scratch((4, tokens, 1024), (0, 1), 4, A100)  # the GPU is not stated: any with >= 16 SMs
         pairs = collections.Counter(zip(sizes, sizes[1:]))
         assert (pairs[tuple(made)] if made else 0) == expected, tokens
@@ -61,7 +63,6 @@ def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
     from memsweep.app.estimate import compose
     from memsweep.config.hardware import load_profile
     from memsweep.estimate.core import estimate_job
-    from memsweep.estimate.trace import PER_GPU
 
     # 32 x 256 tokens: an A100 splits each bias gradient's sum over more blocks than a T4
     job = compose(TINY + ["model.hidden_size=256", "model.intermediate_size=1024", "batch_size=32",
@@ -69,13 +70,13 @@ def test_a_gpu_estimate_counts_the_scratch_and_sizes_it_for_each_gpu():
     memo, a100, t4 = {}, load_profile("a100_40gb"), load_profile("t4")
     on_a100 = estimate_job(job, a100, memo)
     traced = next(iter(memo.values()))
-    assert traced["reductions"], "the bias gradients' sums are recorded"
+    assert traced.reductions, "the bias gradients' sums are recorded"
     on_t4 = estimate_job(job, t4, memo)  # the same trace, read for a T4
     assert len(memo) == 1
     # the tensors are the same on both; what the allocator serves differs by the kernels' scratch
     assert on_a100.peak_bytes == on_t4.peak_bytes
     assert on_a100.peak_allocated_bytes > on_t4.peak_allocated_bytes > on_t4.peak_bytes
-    alone = {k: v for k, v in traced.items() if k not in PER_GPU}
+    alone = traced.for_any_gpu()
     assert estimate_job(job, t4, {next(iter(memo)): alone}).peak_allocated_bytes == on_t4.peak_allocated_bytes
 
 
@@ -89,7 +90,7 @@ def test_a_trace_made_on_a_hopper_gpu_reads_on_an_ampere_one_with_its_smaller_cu
     h100, a100, memo = load_profile("h100"), load_profile("a100_40gb"), {}
     assert workspace_bytes(h100) > workspace_bytes(a100)  # 32 MiB on compute capability 9.0, 8,519,680 B before
     on_h100 = estimate_job(job, h100, memo)
-    assert len(next(iter(memo.values()))["cublas_keys"]) == 2  # the forward's and the backward's
+    assert len(next(iter(memo.values())).cublas_keys) == 2  # the forward's and the backward's
     read_on_a100 = estimate_job(job, a100, memo)
     alone = estimate_job(job, a100)
     assert read_on_a100.peak_allocated_bytes == alone.peak_allocated_bytes < on_h100.peak_allocated_bytes

@@ -61,7 +61,8 @@ def test_decoder_rows_become_jobs_or_name_the_technique_memsweep_lacks():
         with pytest.raises(ve.NotModelled, match=re.escape(technique)):
             ve.job_for("torchtune_llama32_3b_optimization_ladder", rows[label], common)
     rows, common = published_rows("litgpt_lora_alpaca_1xa100_40gb")
-    overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / None / micro-batch 2"], common)
+    overrides, caveat = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["7 B Llama 2 7B / None / micro-batch 2"],
+                                   common)
     assert {"model=llama-2-7b", "hardware=a100_40gb", "accumulation.steps=64", "max_seq_len=1304", "lora=r8",
             "lora.target_modules=[q_proj,v_proj]", "optim=adamw_torch"} <= set(overrides)
     overrides, _ = ve.job_for("litgpt_lora_alpaca_1xa100_40gb", rows["1.3 B phi-1.5 / None / micro-batch 4"], common)
@@ -111,8 +112,8 @@ def test_the_bert_large_row_is_predicted_on_its_counter(capsys):
 
 def test_the_vision_rows_are_vit_jobs_or_say_why_not():
     rows, common = published_rows("rasbt_vit_l16_cifar10_memory_ladder")
-    overrides, caveat = ve.job_for("rasbt_vit_l16_cifar10_memory_ladder", rows["05 bf16, micro-batch 4 x accumulation 4"],
-                                   common)
+    overrides, caveat = ve.job_for("rasbt_vit_l16_cifar10_memory_ladder",
+                                   rows["05 bf16, micro-batch 4 x accumulation 4"], common)
     assert {"task=image_classification", "model=vit-l16", "batch_size=16", "accumulation.steps=4",
             "precision=bf16_true", "optim=adamw_torch"} <= set(overrides) and "torchvision vit_l_16" in caveat
     fsdp, _ = ve.job_for("rasbt_vit_l16_cifar10_memory_ladder", rows["09 FSDP + CPU offload, 4 GPUs, fp32, "
@@ -128,7 +129,8 @@ def test_the_vision_rows_are_vit_jobs_or_say_why_not():
     rows, common = published_rows("torchao_cpu_offload_vit_giant")
     giant, caveat = ve.job_for("torchao_cpu_offload_vit_giant", rows["None"], common)
     assert {"model=dinov2-giant", "+model.overrides.image_size=224", "batch_size=32", "precision=bf16_true",
-            "optim=adamw_fused", "checkpointing=full", "hardware.memory_gib=16"} <= set(giant) and "257 tokens" in caveat
+            "optim=adamw_fused", "checkpointing=full", "hardware.memory_gib=16"} <= set(giant) \
+        and "257 tokens" in caveat
     assert "offload=none" in giant
     for label, option in (("ao", "optimizer"), ("ao (offload gradients)", "optimizer_and_grads")):
         assert f"offload={option}" in ve.job_for("torchao_cpu_offload_vit_giant", rows[label], common)[0]
@@ -140,7 +142,8 @@ def test_a_table_on_an_older_torch_is_stepped_as_its_foreach_adam_was():
     import older_libraries as older
 
     stated = {stem: older.stated_torch(yaml.safe_load((PUBLISHED / f"{stem}.yaml").read_text())) for stem in
-              ("rasbt_distilbert_imdb_precision", "rasbt_vit_l16_cifar10_memory_ladder", "litgpt_lora_alpaca_1xa100_40gb")}
+              ("rasbt_distilbert_imdb_precision", "rasbt_vit_l16_cifar10_memory_ladder",
+               "litgpt_lora_alpaca_1xa100_40gb")}
     assert stated == {"rasbt_distilbert_imdb_precision": (2, 0, ""),
                       "rasbt_vit_l16_cifar10_memory_ladder": (2, 1, "20230623"),
                       "litgpt_lora_alpaca_1xa100_40gb": (2, 1, "")}  # 2.1.0, released after the change
@@ -201,7 +204,7 @@ def test_a_forward_alone_is_the_steps_forward_ops_as_the_queue_runs_them():
     for hardware in ("a100_40gb", "cpu"):
         st = estimate_job(*job_of(["model=tiny", "batch_size=4", "max_seq_len=64", f"hardware={hardware}"])).step_time
         # no backward, no optimizer: a fraction of the step, at least its forward kernels' time
-        assert st["forward_s"] <= st["forward_only_s"] < st["step_s"]
+        assert st.forward_s <= st.forward_only_s < st.step_s
 
 
 def test_a_ladders_predicted_order_by_time_is_its_rank_correlation_with_the_published_order():
@@ -225,8 +228,8 @@ def test_a_table_sharded_with_lightnings_fsdp1_gives_each_unit_with_a_trainable_
     assert older.FSDP1_FLAT not in older.adjustments(yaml.safe_load((PUBLISHED / "litgpt_lora_alpaca_1xa100_40gb.yaml")
                                                                     .read_text()))
     rows, common = published_rows("litgpt_lora_alpaca_multi_a100_fsdp")
-    job, _ = ve.job_for("litgpt_lora_alpaca_multi_a100_fsdp", rows["13 B Llama 2 13B / None / micro-batch 1 / 4 x A100"],
-                        common)
+    job, _ = ve.job_for("litgpt_lora_alpaca_multi_a100_fsdp",
+                        rows["13 B Llama 2 13B / None / micro-batch 1 / 4 x A100"], common)
     assert {"distributed.nproc=4", "batch_size=512", "accumulation.steps=128", "fsdp=full_shard",
             "checkpointing=full", "lora=r8"} <= set(job)
     # tiny-llama, LoRA r8 on q/k/v, two blocks as two FSDP units over two ranks, two accumulated micro-batches
@@ -332,6 +335,7 @@ def test_fsdp1_before_its_rate_limiter_gives_back_unsharded_buffers_only_after_t
     from memsweep.app.estimate import compose
     from memsweep.config import hardware
     from memsweep.estimate.core import build_setup, traced_step
+    from memsweep.estimate.events import Event
 
     vit, rows = table_and_rows("rasbt_vit_l16_cifar10_memory_ladder")
     assert [label[:2] for label, row in rows.items() if older.FSDP1_UNLIMITED in older.adjustments(vit, row)] == [
@@ -344,34 +348,36 @@ def test_fsdp1_before_its_rate_limiter_gives_back_unsharded_buffers_only_after_t
     now = traced_step(job, profile, build_setup(job, profile))
     with older.stepping_as([older.FSDP1_UNLIMITED]):
         then = traced_step(job, profile, build_setup(job, profile))
-    requested = [e[1] for e in then["events"] if e[0] == "free_requested"]
-    end, step = then["events"].index(("mark", "end")), then["events"].index(("mark", "step"))
-    completed = [e[1] for e in then["events"][step:end] if e[0] == "free_completed"]
+    requested = [e.key for e in then.events if e.kind == "free_requested"]
+    end, step = then.events.index(Event.mark("end")), then.events.index(Event.mark("step"))
+    completed = [e.key for e in then.events[step:end] if e.kind == "free_completed"]
     assert requested and sorted(requested) == sorted(completed)  # each given back once, after the optimizer step
-    assert not any(e[0] == "free_requested" for e in now["events"])
+    assert not any(e.kind == "free_requested" for e in now.events)
     # what the tensors hold is the same; what the allocator keeps grows by at least the backward's unsharded
     # parameters and gradients (the model's two fp32 copies), which no later request may reuse within the step
-    assert then["peak_bytes"] == now["peak_bytes"]
-    assert then["allocator"]["peak_allocated_bytes"] == now["allocator"]["peak_allocated_bytes"]
-    grown = then["allocator"]["peak_reserved_bytes"] - now["allocator"]["peak_reserved_bytes"]
-    assert grown >= 2 * 4 * then["total_params"]
+    assert then.peak_bytes == now.peak_bytes
+    assert then.allocator.peak_allocated_bytes == now.allocator.peak_allocated_bytes
+    grown = then.allocator.peak_reserved_bytes - now.allocator.peak_reserved_bytes
+    assert grown >= 2 * 4 * then.total_params
 
 
 def test_fsdp1s_cpu_offload_copies_each_shard_to_the_device_and_keeps_backwards_gradients_there():
     import fsdp1
     import older_libraries as older
+    from memsweep.estimate.events import Event
 
-    micro_batch = [("mark", "forward"), ("gather", 4), ("alloc", "act", 16), ("mark", "backward"), ("gather", 4),
-                   ("alloc", "grad", 8), ("free", "act")]
-    events = [("alloc", "old grad", 8)] + micro_batch + micro_batch[:-2] + [("mark", "step"), ("mark", "end")]
+    micro_batch = [Event.mark("forward"), fsdp1.gather_event(4), Event.alloc("act", 16), Event.mark("backward"),
+                   fsdp1.gather_event(4), Event.alloc("grad", 8), Event.free("act")]
+    events = [Event.alloc("old grad", 8)] + micro_batch + micro_batch[:-2] + [Event.mark("step"), Event.mark("end")]
     categories = {"old grad": "grads", "act": "activations", "grad": "grads"}
     out, cats = fsdp1.offloaded(events, categories)
-    copies = [e[1] for e in out if e[0] == "alloc" and e[1] not in categories]
-    assert [e for e in out if e[0] == "alloc" and e[1] in copies] == [("alloc", c, 4) for c in copies] and len(copies) == 4
+    copies = [e.key for e in out if e.kind == "alloc" and e.key not in categories]
+    assert [e for e in out if e.kind == "alloc" and e.key in copies] == [Event.alloc(c, 4) for c in copies]
+    assert len(copies) == 4
     # each copy is requested free at once (NCCL's stream still reads it) and given back at its micro-batch's end
-    second, end = [i for i, e in enumerate(out) if e == ("mark", "forward")][1], out.index(("mark", "end"))
-    assert out[second - 2:second] == [("free_completed", c) for c in copies[:2]]
-    assert out[end - 2:end] == [("free_completed", c) for c in copies[2:]]
+    second, end = [i for i, e in enumerate(out) if e.is_mark("forward")][1], out.index(Event.mark("end"))
+    assert out[second - 2:second] == [Event.free_completed(c) for c in copies[:2]]
+    assert out[end - 2:end] == [Event.free_completed(c) for c in copies[2:]]
     assert cats["old grad"] == "host" and cats["grad"] == "grads"  # the step before's on the host, backward's not
     job = ["model=tiny", "hardware=a100_40gb", "batch_size=8", "max_seq_len=128", "precision=fp32", "optim=adamw_torch",
            "distributed.nproc=2", "fsdp=full_shard_offload", "checkpointing=full"]
@@ -399,7 +405,8 @@ def test_torchtitans_tables_reduce_gradients_in_fp32_as_its_mixed_precision_poli
     cache = {}
     now, then = (ve.estimate(job, cache, names) for names in ((), (older.FP32_REDUCE,)))
     # the weights, gradients and state are the same; what the reduction holds is in fp32, twice bf16's bytes
-    assert {k: then["breakdown"][k] for k in ("params", "grads")} == {k: now["breakdown"][k] for k in ("params", "grads")}
+    assert {k: then["breakdown"][k] for k in ("params", "grads")} == \
+        {k: now["breakdown"][k] for k in ("params", "grads")}
     assert then["peak_bytes"] > now["peak_bytes"]
 
 

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from ..config.schema import Config
 from ..planner import search, space, table
+from ..planner.search import PlanRow
 
 
 def run_plan(job: Config, job_dir: Path) -> dict:
@@ -16,7 +17,12 @@ def run_plan(job: Config, job_dir: Path) -> dict:
     print(table.write(rows, Path(job_dir), job.plan.top, title), flush=True)
     seconds = round(time.perf_counter() - started, 1)
     print(f"[memsweep] plan: {len(rows)} rows in {seconds} s; {Path(job_dir) / 'plan.md'}", flush=True)
-    best = {gpu: next((r for r in rows if r["gpu"] == gpu and r["rank"] == 1), None) for gpu in job.plan.hardware}
-    return {"seconds": seconds, "rows": len(rows),
-            "fastest": {g: None if r is None else {k: r[k] for k in (*space.GROUPS, "micro_batch", "step_s")}
-                        for g, r in best.items()}}
+    best = {gpu: next((r for r in rows if r.gpu == gpu and r.rank == 1), None) for gpu in job.plan.hardware}
+    return {"seconds": seconds, "rows": len(rows), "fastest": {g: fastest(r) for g, r in best.items()}}
+
+
+def fastest(row: PlanRow | None) -> dict | None:
+    """A GPU's top row as results.json records it: the combination's options, its micro-batch and step time."""
+    if row is None:
+        return None
+    return {**row.combination.options(), "micro_batch": row.micro_batch, "step_s": row.figures.step_s}

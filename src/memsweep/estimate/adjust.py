@@ -1,44 +1,9 @@
 """Jobs the trace cannot run as they are: the trace of the nearest job it can run, and arithmetic on that
-step's allocations for what the real job does differently. Each adjustment names its mechanism and
-source; the allocations it leaves (capture.py's events, by category) are read as the ledger reads a
-step and replayed through the allocator model, so reserved bytes are predicted for these jobs too.
-
-- DeepSpeed ZeRO (stage s, N processes): its engine partitions and casts the model itself and cannot
-  run on fake tensors. Traced: the job without DeepSpeed, its weights in the dtype DeepSpeed trains in
-  (bf16 or fp16 with mixed precision: the engine casts the model, no autocast; fp16 traced as bf16,
-  the same bytes) and no optimizer step. Stage 3 over N >= 2 processes is traced as FSDP full_shard
-  over N with a unit for every module that holds parameters: stage3.py gathers each submodule's own
-  parameters before it runs and releases them after (PartitionedParameterCoordinator); the FSDP shards
-  stand for the 1/N partitions (ds_tensor). On one process stage 3 is traced as it is: a parameter is
-  a view of its whole partition (partition_parameters.py, NoGatherHandle: nothing is gathered).
-  Added, per process, as stage_1_and_2.py / stage3.py keep them: the client optimizer stepping one flat
-  fp32 partition of the trainable values (1/N from stage 1: its state and its step's temporaries,
-  traced on that flat tensor), the fp32 master weights of that partition (single_partition_of_fp32_groups,
-  a clone also in fp32) and, at the step, the partition's gradients flattened into fp32
-  (single_grad_partition). Stage 2: each rank's gradient path walked as DeepSpeed runs it (zero.py:
-  reduce bucket, grads_in_partition made at its first reduced gradient, flat copies of the reductions),
-  with the job's reduce_bucket_size; with offload or without contiguous_gradients a flat partition of
-  1/N of the gradients from the start of backward instead. Stage 3: grad_partitions_flat_buffer, 1/N of
-  each gradient padded as the parameter is (made with the engine, held throughout); the gradients
-  FSDP's trace keeps are left out. With optimizer offload on a GPU the state, master weights and step are
-  on the host; with parameter offload (stage 3) the weights. Checked against real CPU jobs of one and
-  two processes, each rank (tests/test_deepspeed.py, tests/test_distributed.py). Not modelled: stage 3's
-  reduce bucket (reduce_bucket_size, hidden_size**2 with "auto"), its prefetch of the next modules
-  (stage3_prefetch_bucket_size) and its persistent small parameters (stage3_param_persistence_threshold),
-  which FSDP's units gather and free like the others.
-- FSDP with CPU offload (CPUOffloadPolicy; GPU only): the job traced without offload; the sharded
-  parameters, their gradients and the optimizer's state and step live in host memory
-  (torch.distributed.fsdp: offload_policy), so they come off the device. Each unit's shard copied to
-  the device before its all-gather is not modelled.
-- Optimizer offload on one GPU (torchao's CPUOffloadOptimizer; offload=optimizer): the job traced as it
-  is; the optimizer's state and its step's temporaries come off the device (each trainable tensor's
-  gradient is copied to a pinned host copy by a post-accumulate-grad hook, the host optimizer steps it and
-  the weights are copied back, torchao/optim/cpu_offload.py). With offload_gradients (optimizer_and_grads)
-  the gradients come off too. Not modelled: tensors under 4,096 values keep their state on the device
-  (minimal_size: biases and norms, a few MB), and a gradient lives on the device from its accumulation
-  until its copy has run on the side stream (record_stream).
-- Activation offload (save_on_cpu; GPU only): the job traced with every tensor saved for backward
-  copied to the host as save_on_cpu copies it (fake.save_on_host), and those copies off the device.
+step's allocations for what the real job does differently (DeepSpeed ZeRO, FSDP's CPU offload, optimizer
+offload, activation offload). Each adjustment names its mechanism and source; the events it leaves
+(capture.py's, by category) are read as the ledger reads a step and replayed through the allocator model,
+so reserved bytes are predicted for these jobs too. Each mechanism, its sources and what is not modelled:
+docs/estimator/adjustments.md.
 """
 import dataclasses
 import math
@@ -46,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config.schema import Config, DeepspeedConf, FsdpConf, FsdpStrategy, PrecisionConf, PrecisionName
 from . import zero as zero_walk
-from .allocator import BLOCK_EVENTS
+from .events import Event
 
 
 @dataclass(frozen=True)
@@ -116,8 +81,9 @@ def zero(job: Config, setup) -> Adjustment:
     # offloaded, the optimizer's state and step are CPUAdam's on the host (the traced optimizer's come off)
     host = frozenset(({"params"} if t.deepspeed.offload_param and stage == 3 and off_host else set())
                      | ({"optimizer", "temp"} if t.deepspeed.offload_optimizer and off_host else set()))
+    cast, sharded = " in bf16 weights" if mixed else "", " sharded as FSDP full_shard" if stage == 3 else ""
     return Adjustment(f"DeepSpeed ZeRO-{stage} partitions and casts the model itself: traced as the job without "
-                      f"DeepSpeed{' in bf16 weights' if mixed else ''}{' sharded as FSDP full_shard' if stage == 3 else ''}, "
+                      f"DeepSpeed{cast}{sharded}, "
                       "with ZeRO's per-process optimizer partition, master weights and gradient buffers added",
                       nearest, host=host, grads_share=0.0 if stage >= 2 else 1.0,
                       flat_optimizer=not (t.deepspeed.offload_optimizer and off_host),
@@ -151,7 +117,8 @@ def sized(adjustment: Adjustment, setup, model) -> Adjustment:
                                zero=walked, grads_share=1.0 if walked else adjustment.grads_share)
 
 
-def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None, rank: int = 0) -> tuple[list, dict]:
+def apply(events: list[Event], categories: dict, adjustment: Adjustment, optimizer=None,
+          rank: int = 0) -> tuple[list[Event], dict]:
     """The nearest job's events as `rank` of the real job makes them: host categories off the device, a
     process's share of each gradient or ZeRO-2's gradient path (zero.walk), the engine's blocks, and
     `optimizer` (step.flat_partition_step's recorder) in place of the traced optimizer's state and step."""
@@ -159,31 +126,31 @@ def apply(events: list, categories: dict, adjustment: Adjustment, optimizer=None
     if adjustment.zero is not None:
         events, categories = zero_walk.walk(events, categories, adjustment.zero, rank)
     for event in events:
-        category = categories.get(event[1]) if event[0] in BLOCK_EVENTS else None
+        category = categories.get(event.key) if event.is_block() else None
         if category in adjustment.host:
             continue
-        if event[0] == "alloc" and category == "grads" and adjustment.grads_share != 1.0:
-            event = ("alloc", event[1], int(event[2] * adjustment.grads_share))
+        if event.kind == "alloc" and category == "grads" and adjustment.grads_share != 1.0:
+            event = event._replace(nbytes=int(event.nbytes * adjustment.grads_share))
         kept.append(event)
     if optimizer is not None:  # first: the blocks inserted at the same marks below come before its step
         state, recorder = optimizer
-        kept = insert(kept, None, [("alloc", "flat optimizer state", state)])
+        kept = insert(kept, None, [Event.alloc("flat optimizer state", state)])
         categories["flat optimizer state"] = "optimizer"
-        during = recorder.events[recorder.events.index(("mark", "step")) + 1:recorder.events.index(("mark", "end"))]
-        kept = insert(kept, "step", [(e[0], ("flat", e[1]), *e[2:]) for e in during])
+        step, end = recorder.events.index(Event.mark("step")), recorder.events.index(Event.mark("end"))
+        kept = insert(kept, "step", [e._replace(key=("flat", e.key)) for e in recorder.events[step + 1:end]])
         categories.update({("flat", k): c for k, c in recorder.categories.items()})
     for block in adjustment.blocks:
-        kept = insert(kept, block.start, [("alloc", block.name, block.nbytes)])
-        kept = insert(kept, block.end, [("free", block.name)], last=True) if block.end else kept
+        kept = insert(kept, block.start, [Event.alloc(block.name, block.nbytes)])
+        kept = insert(kept, block.end, [Event.free(block.name)], last=True) if block.end else kept
         categories[block.name] = block.category
     return kept, categories
 
 
-def insert(events: list, mark: str | None, new: list, last: bool = False) -> list:
-    """`new` after the first (or `last`) ("mark", `mark`) event; before everything when `mark` is None."""
+def insert(events: list[Event], mark: str | None, new: list[Event], last: bool = False) -> list[Event]:
+    """`new` after the first (or `last`) mark named `mark`; before everything when `mark` is None."""
     if mark is None:
         return new + events
-    positions = [i for i, e in enumerate(events) if e == ("mark", mark)]
+    positions = [i for i, e in enumerate(events) if e.is_mark(mark)]
     if not positions:
         return events + new
     at = (positions[-1] if last else positions[0]) + 1

@@ -1,35 +1,19 @@
-"""A model of PyTorch's CUDA caching allocator: what a GPU *reserves* for a sequence of allocations.
+"""A model of PyTorch's CUDA caching allocator: what a GPU *reserves* for a recorded step's events.
 
-The trace counts tensor bytes (what torch.cuda.max_memory_allocated reports), but a GPU fills up with
-what the caching allocator reserves (torch.cuda.max_memory_reserved): requests are rounded, packed
-into 2 MiB or 20 MiB segments, and a block freed by the forward stays cached for whatever fits it
-next. `replay` runs a sequence of ("alloc", key, nbytes) / ("free", key) / ("reset_peak",) events
-through the rules of DeviceCachingAllocator in c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x; the
-function named with each rule below is where it lives) and returns both peaks.
-
-Sources: CUDACachingAllocator.cpp (its header comment, the constants of namespace Native, malloc,
-round_size, get_pool, get_allocation_size, get_free_block, should_split, alloc_found_block, free,
-insert_events, process_events, free_block, try_merge_blocks, alloc_block, find_expandable_block,
-try_allocate_expandable_block, Note [Expandable Segments]); c10 AllocatorConfig (parseMaxSplitSize); the
-torch docs page "CUDA semantics -> Memory management -> Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF".
-
-Modelled for one device and the training step's stream; a block another stream still uses when it is
-freed (record_stream) is given back to its pool when those uses are done ("free_requested" ...
-"free_completed", as a memory snapshot records it). Not modelled: empty_cache and what the
-allocator frees under memory pressure (a failed cudaMalloc releases cached unsplit segments and
-retries: here memory is unlimited, so the peak reserved is what the job reserves on a GPU with room
-to spare); blocks allocated on other streams (each stream's cached blocks serve only that stream);
-CUDA graph pools; garbage_collection_threshold; roundup_power2_divisions; the cudaMallocAsync backend.
-cudaMalloc's addresses are not known: new segments are placed at increasing addresses, which only
-breaks ties between free blocks of one size
-(a recorded snapshot's own addresses can be given instead, and the segments it started with seeded:
-tests/test_allocator_snapshots.py replays public snapshots to their reserved bytes and addresses).
+The trace counts tensor bytes (torch.cuda.max_memory_allocated), but a GPU fills up with what the caching
+allocator reserves (max_memory_reserved): requests rounded and packed into segments, freed blocks cached for
+whatever fits them next. `replay` runs a step's events (events.Event) through DeviceCachingAllocator's rules
+(c10/cuda/CUDACachingAllocator.cpp, each rule's function named where it is modelled) and returns both peaks.
+What is modelled and what is not, and the sources: docs/estimator/allocator.md.
 """
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .events import Event
 
 MIB = 2**20
 
@@ -114,30 +98,53 @@ class Block:
     next: Block | None = None
 
 
+class Cached(NamedTuple):
+    """A free block in its pool, where BlockComparatorSize sorts it: by size, then address."""
+    size: int
+    addr: int
+    block: Block
+
+
 @dataclass
 class Pool:
     """BlockPool: the free blocks of the small or the large pool, in BlockComparatorSize's order
     (size, then address; one stream), so the first one not smaller than a request is the best fit."""
     small: bool
-    free: list = field(default_factory=list)  # sorted (size, addr, Block)
+    free: list[Cached] = field(default_factory=list)  # sorted
     expandable: Segment | None = None
 
     def insert(self, block: Block) -> None:
-        bisect.insort(self.free, (block.size, block.addr, block))
+        bisect.insort(self.free, Cached(block.size, block.addr, block))
 
     def remove(self, block: Block) -> None:
         i = bisect.bisect_left(self.free, (block.size, block.addr))
-        assert self.free[i][2] is block
+        assert self.free[i].block is block
         del self.free[i]
 
 
 @dataclass(frozen=True)
 class Reading:
+    """What the allocator's statistics would say after the events (torch.cuda.memory_stats)."""
     peak_allocated_bytes: int  # torch.cuda.max_memory_allocated: whole blocks, so rounding and unsplit slack count
     peak_reserved_bytes: int  # torch.cuda.max_memory_reserved
     allocated_bytes: int  # at the end
     reserved_bytes: int  # at the end (never below the peak here: nothing is released)
     segments: int  # cudaMallocs, or expandable segments with mapped memory
+
+
+class StartBlock(NamedTuple):
+    """A block of a segment that exists before the events start: allocated under `key`, or cached (None)."""
+    addr: int
+    nbytes: int
+    key: Hashable = None
+
+
+class StartSegment(NamedTuple):
+    """A segment that exists before the events start: its blocks cover it in address order."""
+    base: int
+    size: int
+    small: bool
+    blocks: list[StartBlock]
 
 
 class CachingAllocator:
@@ -196,28 +203,41 @@ class CachingAllocator:
                 self._merge(pool, block, neighbour)
         pool.insert(block)
 
-    def seed(self, segments: Iterable[tuple]) -> None:
-        """Segments that exist before the events start (a snapshot recorded part-way through a run), each
-        (base, size, small, blocks): its blocks (addr, size, key) in address order, covering it; a block
-        with a key is allocated (and freed later by that key), one with None is cached. Neighbouring
-        cached blocks are one block: free_block merges them."""
-        for base, size, small, blocks in segments:
-            segment, prev = Segment(small, base, size), None
-            for addr, nbytes, key in blocks:
-                block = Block(addr, nbytes, segment, allocated=key is not None, prev=prev)
+    def seed(self, segments: Iterable[StartSegment]) -> None:
+        """Segments that exist before the events start (a snapshot recorded part-way through a run). A block
+        with a key is allocated (and freed later by that key), one without is cached; neighbouring cached
+        blocks are one block: free_block merges them."""
+        for start in segments:
+            segment, prev = Segment(start.small, start.base, start.size), None
+            for piece in start.blocks:
+                block = Block(piece.addr, piece.nbytes, segment, allocated=piece.key is not None, prev=prev)
                 if prev is not None:
                     prev.next = block
-                if key is None:
-                    self.pools[small].insert(block)
+                if piece.key is None:
+                    self.pools[start.small].insert(block)
                 else:
-                    self.live[key] = block
-                    self.allocated += nbytes
+                    self.live[piece.key] = block
+                    self.allocated += piece.nbytes
                 prev = block
             segment.last = prev
-            self.next_addr = max(self.next_addr, base + size)
+            self.next_addr = max(self.next_addr, start.base + start.size)
             self.segments += 1
-            self._reserve(size)
+            self._reserve(start.size)
         self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def apply(self, event: Event) -> None:
+        """One event of a step: a block allocated or freed, or the peaks reset; the rest (marks, gradients)
+        are not the allocator's."""
+        if event.kind == "alloc":
+            self.malloc(event.key, event.nbytes)
+        elif event.kind == "free":
+            self.free(event.key)
+        elif event.kind == "free_requested":
+            self.free_requested(event.key)
+        elif event.kind == "free_completed":
+            self.free_completed(event.key)
+        elif event.kind == "reset_peak":
+            self.reset_peak()
 
     def reset_peak(self) -> None:
         """resetPeakStats (torch.cuda.reset_peak_memory_stats): peaks start again from the current values."""
@@ -232,12 +252,12 @@ class CachingAllocator:
         i = bisect.bisect_left(pool.free, (size, -1))
         if i == len(pool.free):
             return None
-        block = pool.free[i][2]
+        block = pool.free[i].block
         if block.segment.expandable and block is block.segment.last and i + 1 < len(pool.free):
             # "for the purposes of 'best fit' we consider its size to be the size it can expand to":
             # the block at an expandable segment's end can grow into the unmapped rest, so the next
             # larger block is taken instead when there is one.
-            block = pool.free[i + 1][2]
+            block = pool.free[i + 1].block
         # "Do not return an oversized block for a large request"
         if size < self.max_split <= block.size:
             return None
@@ -324,23 +344,9 @@ class CachingAllocator:
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
 
-# A block's events, as memory snapshots name them (TraceEntry: alloc, free_requested, free_completed):
-# "free" is a free that completes at once, the only kind on one stream.
-BLOCK_EVENTS = ("alloc", "free", "free_requested", "free_completed")
-
-
-def replay(events: Iterable[tuple], options: Options = Options()) -> Reading:
-    """Run ("alloc", key, nbytes) / ("free", key) / ("free_requested", key) ... ("free_completed", key) /
-    ("reset_peak",) events through the allocator (other events, such as capture.py's marks, are not the
-    allocator's)."""
+def replay(events: Iterable[Event], options: Options = Options()) -> Reading:
+    """Run a step's events through the allocator (marks and gradient events are not the allocator's)."""
     allocator = CachingAllocator(options)
-    steps = {"free": allocator.free, "free_requested": allocator.free_requested,
-             "free_completed": allocator.free_completed}
     for event in events:
-        if event[0] == "alloc":
-            allocator.malloc(event[1], event[2])
-        elif event[0] in steps:
-            steps[event[0]](event[1])
-        elif event[0] == "reset_peak":
-            allocator.reset_peak()
+        allocator.apply(event)
     return allocator.reading()

@@ -1,30 +1,9 @@
-"""The collectives of several processes: what each rank sends per optimizer step, and how long the step waits
-for them.
-
-What each data-parallel engine moves (N ranks; P the model's parameters, T its trainable ones; each element
-in the dtype it travels in):
-- DDP (several processes, neither ZeRO nor FSDP): the trainable gradients all-reduced once a step (Trainer
-  runs the earlier micro-batches under `no_sync`), in the parameters' dtype, bucketed while backward runs.
-- FSDP2 (Accelerate: MixedPrecisionPolicy with the compute dtype as param and reduce dtype): every parameter
-  all-gathered before each micro-batch's forward and, resharded after forward (full_shard), again before its
-  backward; the trainable gradients reduce-scattered once a step (Trainer defers the reduction of the earlier
-  micro-batches). Prefetching runs the gathers of the next unit while one computes.
-- DeepSpeed ZeRO: stage 0 all-reduces the gradients each step once backward is done; stages 1 and 2
-  reduce-scatter them (stage 1 once a step, stage 2 every micro-batch: its gradients are partitioned as they
-  are made) and all-gather the updated trainable parameters after the optimizer step; stage 3 gathers the
-  parameters as FSDP does, and reduce-scatters every micro-batch. DeepSpeed's module runs in the compute dtype.
-A ring moves (N-1)/N of the buffer per rank for an all-gather or a reduce-scatter, twice that for an
-all-reduce (NCCL's "bus bandwidth", nccl-tests' PERFORMANCE.md), each over the slowest link of the ring: the
-GPU's link to its peers inside a node (profile `interconnect_gbs`, one direction, NVLink where the part has
-it, else its PCIe host link), across nodes the network's (`distributed.network_gbs`, per GPU).
-
-What the step waits for: the collectives that run while the device computes (the gathers, and the
-reductions bucketed into backward; ZeRO stages 1-2 only with `overlap_comm`) wait beyond the device's forward
-and backward only where they take longer; the ZeRO gather after the optimizer step runs after it. Not here:
-the SMs NCCL's kernels take from the compute they overlap, the latency of small messages, the first unit's
-gather and the last bucket's reduction that nothing hides.
-"""
+"""The collectives of several processes: what each rank sends per optimizer step (by engine: DDP, FSDP2,
+DeepSpeed ZeRO), over which link, and how long the step waits for them beyond the compute they overlap. The
+engines' traffic and the links: docs/estimator/collectives.md."""
 from dataclasses import dataclass
+
+from .traced import Trace
 
 GB = 1e9
 
@@ -38,6 +17,17 @@ class Volume:
     @property
     def total(self) -> float:
         return self.overlapped + self.after_step
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """A step's collectives (waited): the bytes each rank sends and, where the ring's slowest link is known, their
+    seconds over it and what the step waits for them; else a note saying they are not timed (a lower bound)."""
+    sent_bytes: float
+    took_s: float | None = None  # None: not timed, no link known
+    waited_s: float = 0.0  # beyond the compute they overlap, and all of what runs after the optimizer step
+    link: str | None = None  # the link they are timed over
+    note: str | None = None  # why they are not timed
 
 
 def ring(elements: float, element_bytes: int, ranks: int, all_reduce: bool = False) -> float:
@@ -88,3 +78,19 @@ def waited_s(sent: Volume, bytes_s: float, hidden_under_s: float) -> tuple[float
     `hidden_under_s` of the device's compute, and all of what runs after the optimizer step."""
     overlapped, after = sent.overlapped / bytes_s, sent.after_step / bytes_s
     return overlapped + after, max(0.0, overlapped - hidden_under_s) + after
+
+
+def waited(traced: Trace, setup, profile, distributed, compute_s: float) -> Collectives | None:
+    """Several processes' collectives: the bytes each rank sends a step, their seconds over the ring's slowest
+    link, and what the step waits for them beyond the `compute_s` they overlap; a note where no link is known
+    (a CPU profile's processes, or nodes without a network bandwidth). None for one process."""
+    sent = volume(setup, traced.total_params, traced.trainable_params)
+    if not sent.total:
+        return None
+    gbs, link = link_gbs(profile, distributed) if distributed is not None and profile.device == "cuda" \
+        else (None, "no link bandwidth for this device")
+    if gbs is None:
+        return Collectives(sent.total, note=f"the collectives of {setup.world_size} processes are not timed ({link}): "
+                                            "a lower bound")
+    took, waited_for = waited_s(sent, gbs * GB, compute_s)
+    return Collectives(sent.total, took_s=took, waited_s=waited_for, link=link)

@@ -17,9 +17,10 @@ from .meta import model_config, traced_model
 from .result import ESTIMATE_FILE, Estimate
 from .table import summary_line
 from .trace import for_gpu, readable_on, trace
+from .traced import AllocatorReading, Trace
 
 GIB = 2**30
-# what a trace keeps for the planner (planner/batch.py) and the step time, not for estimate.json
+# what a trace keeps for the planner (planner/batch.py) and the step time, not for estimate.json (Trace.to_dict)
 BULKY = ("total_params", "trainable_params", "roofline_ops", "roofline_sequence", "roofline_products", "events",
          "categories", "reductions", "cublas_keys", "gpu", "workspace", "readings", "derived_from")
 
@@ -53,35 +54,38 @@ def estimate_job(job: Config, profile: HardwareConf, memo: dict | None = None) -
     return assemble(job, profile, setup, traced, started)
 
 
-def traced_step(job: Config, profile: HardwareConf, setup) -> dict[str, Any]:
+def traced_step(job: Config, profile: HardwareConf, setup) -> Trace:
     """The trace of the job, or of its nearest traceable job with the adjustment's arithmetic (adjust.py);
     with the model's parameter counts."""
     adjustment = adjust.adjustment_for(job, setup)
-    traced_job, traced_setup = (adjustment.nearest, build_setup(adjustment.nearest, profile)) if adjustment else (job, setup)
+    traced_job, traced_setup = (job, setup)
+    if adjustment is not None:
+        traced_job, traced_setup = adjustment.nearest, build_setup(adjustment.nearest, profile)
     model = traced_model(traced_job, traced_setup)
     if adjustment is not None and adjustment.module_units:
         # ZeRO-3 gathers each module's own parameters before it runs and releases them after (stage3.py's
         # PartitionedParameterCoordinator, per submodule): an FSDP unit of every module that holds some
         traced_setup.args["fsdp_config"]["transformer_layer_cls_to_wrap"] = sorted(
             {type(m).__name__ for m in model.modules() if next(m.parameters(recurse=False), None) is not None})
-    counts = {"total_params": sum(p.numel() for p in model.parameters()),
-              "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if adjustment is not None:  # its buffers are sized by the job's own setup: processes, stage, precision
         adjustment = adjust.sized(adjustment, setup, model)
-    return {**trace(traced_job, profile, traced_setup, model, adjustment), **counts}
+    traced = trace(traced_job, profile, traced_setup, model, adjustment)
+    return dataclasses.replace(traced, total_params=total, trainable_params=trainable)
 
 
-def assemble(job: Config, profile: HardwareConf, setup, traced: dict[str, Any], started: float) -> Estimate:
+def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: float) -> Estimate:
     """The estimate from the traced step: the counters of the profile's device, the fit, time and notes."""
     overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
-    device = device_counters(for_gpu(traced, profile), overhead) if profile.device == "cuda" else {}
+    device = device_counters(for_gpu(traced, profile).allocator, overhead) if profile.device == "cuda" else {}
     # the safe side of what packing may do: fits, the margin and autofit must not lean low
-    total = device["device_used_upper_bytes"] if device else traced["peak_bytes"]
+    total = device["device_used_upper_bytes"] if device else traced.peak_bytes
     capacity = capacity_bytes(profile)
     key = setup.techniques.precision.compute
     tflops = profile.tflops.get(key) or (profile.tflops.get("fp32") if key == "tf32" else None)
     config, source = model_config(job)
-    adjusted = traced.get("adjustment")
+    adjusted = traced.adjustment
     # pages come anew only where freed host memory goes back to the OS: not under the job's malloc_reuse
     timing = roofline.step_time(traced, setup, profile, pages_anew=not (job.malloc_reuse or host_memory.in_effect()),
                                 model_type=config.model_type, distributed=job.distributed)
@@ -89,34 +93,35 @@ def assemble(job: Config, profile: HardwareConf, setup, traced: dict[str, Any], 
     return Estimate(
         method="adjusted trace" if adjusted else "trace", method_reason=adjusted, hardware=profile.name,
         device=profile.device, micro_batch_size=setup.micro_batch_size, accumulation_steps=setup.accumulation_steps,
-        seq_len=job.max_seq_len, peak_bytes=traced["peak_bytes"], overhead_bytes=overhead, total_bytes=total,
-        breakdown={**traced["breakdown"], "overhead": overhead}, activations_bytes=traced["activations_bytes"],
-        grads_bytes=traced["grads_bytes"], optimizer_bytes=traced["optimizer_bytes"], capacity_bytes=capacity,
-        fits=None if capacity is None else total <= capacity, margin_bytes=None if capacity is None else capacity - total,
-        flops_per_step=traced["flops_per_step"], flops_source="torch.utils.flop_counter, per op", compute_dtype=key,
+        seq_len=job.max_seq_len, peak_bytes=traced.peak_bytes, overhead_bytes=overhead, total_bytes=total,
+        breakdown={**traced.breakdown, "overhead": overhead}, activations_bytes=traced.activations_bytes,
+        grads_bytes=traced.grads_bytes, optimizer_bytes=traced.optimizer_bytes, capacity_bytes=capacity,
+        fits=None if capacity is None else total <= capacity,
+        margin_bytes=None if capacity is None else capacity - total,
+        flops_per_step=traced.flops_per_step, flops_source="torch.utils.flop_counter, per op", compute_dtype=key,
         peak_tflops=tflops,
-        step_time_s=traced["flops_per_step"] / (tflops * 1e12) if tflops else None,
-        predicted_step_s=timing["step_s"], tokens_per_s=tokens / timing["step_s"] if timing["step_s"] else None,
+        step_time_s=traced.flops_per_step / (tflops * 1e12) if tflops else None,
+        predicted_step_s=timing.step_s, tokens_per_s=tokens / timing.step_s if timing.step_s else None,
         step_time=timing,
-        trace={k: v for k, v in traced.items() if k not in BULKY},
-        total_params=traced["total_params"], trainable_params=traced["trainable_params"], architecture_source=source,
-        notes=notes_for(setup, profile, adjusted) + history_note(job, profile), per_rank=traced.get("per_rank"),
+        trace=traced.to_dict(left_out=BULKY),
+        total_params=traced.total_params, trainable_params=traced.trainable_params, architecture_source=source,
+        notes=notes_for(setup, profile, adjusted) + history_note(job, profile),
+        per_rank=None if traced.per_rank is None else [r.to_dict() for r in traced.per_rank],
         shape_advice=shapes.audit(profile, setup.micro_batch_size, getattr(config, "vocab_size", None),
                                  job.data.pad_to_multiple_of),
         seconds=round(time.perf_counter() - started, 2), **device)
 
 
-def device_counters(traced: dict[str, Any], context: int) -> dict[str, Any]:
+def device_counters(allocator: AllocatorReading, context: int) -> dict[str, Any]:
     """The three figures a GPU shows for the step, each predicted as that counter is made: peak allocated
     (torch.cuda.max_memory_allocated: whole allocator blocks), peak reserved (max_memory_reserved: the
     caching allocator's segments, replayed in allocator.py) and device used (nvidia-smi: reserved plus
     the CUDA context); and reserved and device used on the safe side of packing (capture.packing_envelope:
     never below the point figures)."""
-    allocator = traced["allocator"]
-    upper = max(allocator.get("reserved_upper_bytes", 0), allocator["peak_reserved_bytes"])
-    return {"peak_allocated_bytes": allocator["peak_allocated_bytes"],
-            "peak_reserved_bytes": allocator["peak_reserved_bytes"],
-            "device_used_bytes": allocator["peak_reserved_bytes"] + context,
+    upper = max(allocator.reserved_upper_bytes, allocator.peak_reserved_bytes)
+    return {"peak_allocated_bytes": allocator.peak_allocated_bytes,
+            "peak_reserved_bytes": allocator.peak_reserved_bytes,
+            "device_used_bytes": allocator.peak_reserved_bytes + context,
             "reserved_upper_bytes": upper, "device_used_upper_bytes": upper + context}
 
 
@@ -127,9 +132,9 @@ def notes_for(setup, profile: HardwareConf, adjusted: str | None) -> list[str]:
     if setup.world_size > 1 and not setup.process_group:  # plain DDP
         notes.append("per process; DDP's gradient buckets are not included")
     if t.fsdp.on and not t.fsdp.offload:
-        notes.append(f"FSDP: rank 0 of {setup.world_size} traced among fake ranks, wrapped as Accelerate wraps the job; "
-                     "checked against real CPU ranks where the peak is in forward or backward. Not matched: at the "
-                     "optimizer step a real rank still held a gradient of the largest unit in full, and with "
+        notes.append(f"FSDP: rank 0 of {setup.world_size} traced among fake ranks, wrapped as Accelerate wraps the "
+                     "job; checked against real CPU ranks where the peak is in forward or backward. Not matched: at "
+                     "the optimizer step a real rank still held a gradient of the largest unit in full, and with "
                      "accumulation the trace holds more than a real rank did")
     if profile.device == "cuda" and t.optim.paged:
         notes.append("paged optimizer state counted as device memory: bitsandbytes keeps it in unified memory, "

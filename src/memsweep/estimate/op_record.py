@@ -11,6 +11,7 @@ formulas) instead of counted by it.
 """
 import contextlib
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 from torch._guards import active_fake_mode
@@ -27,6 +28,23 @@ RANDOM = "random"  # an op's record whose count is random numbers drawn, not FLO
 FLOAT_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
+class OpCost(NamedTuple):
+    """One op as the roofline times it (Roofline.sequence holds one per op run, in order)."""
+    phase: str  # PHASES: the part of the step that ran it
+    dtype: str  # the compute dtype key it runs at (FLOAT_KEYS' values), RANDOM for random draws, "-" for no FLOPs
+    flops: int  # by torch.utils.flop_counter's formulas; under RANDOM the numbers drawn
+    moved: int  # bytes read and written (moved_bytes)
+
+
+class CountedOp(NamedTuple):
+    """The record's row (reading): the ops of one cost, and how many of them the traced step runs."""
+    phase: str
+    dtype: str
+    flops: int
+    moved: int
+    times: int
+
+
 class Roofline(RuntimeEstimator):
     """torch's RuntimeEstimator recording each op's FLOPs, compute dtype and bytes moved, without rates: one
     trace serves every profile of its device (core.estimate_job's memo), each timing it at its own rates
@@ -36,10 +54,11 @@ class Roofline(RuntimeEstimator):
     def __init__(self, on_cpu: bool = False):
         super().__init__()
         self.on_cpu = on_cpu  # an output written over an input moves no bytes of its own (moved_bytes)
-        self.ops, self.phase = Counter(), "forward"  # (phase, dtype key, FLOPs, bytes) -> how many ops
-        self.sequence: list[tuple] = []  # the same, one per op in the order run (planner/batch.py reads it)
-        # each product's call as this CPU can run it again (timed_products): (phase, op, its operands, its record)
-        self.products = Counter()
+        self.ops: Counter[OpCost] = Counter()  # each op's cost -> how many ops
+        self.phase = "forward"
+        self.sequence: list[OpCost] = []  # the same, one per op in the order run (planner/batch.py reads it)
+        # each product's call as this CPU can run it again (timed_products) -> how many calls
+        self.products: Counter[products.ProductCall] = Counter()
         self.accumulated = False
         # ops a module's forward runs inside the backward: activation checkpointing's recomputation (no other
         # forward runs there), whose saved-tensor hooks cost the host more than a plain op (peak.recomputed_op_s)
@@ -63,7 +82,7 @@ class Roofline(RuntimeEstimator):
             if param.grad is not None:
                 grad = param.grad  # a DTensor's numel is the whole parameter's
                 # `grad += new_grad` as op_cost counts an op (the new gradient is the same size)
-                op = ("accumulate", "-", 0, moved_bytes((grad, grad), {}, grad, self.on_cpu))
+                op = OpCost("accumulate", "-", 0, moved_bytes((grad, grad), {}, grad, self.on_cpu))
                 self.ops[op] += 1
                 self.sequence.append(op)
 
@@ -73,12 +92,14 @@ class Roofline(RuntimeEstimator):
         out = func(*args, **kwargs)
         if not peak.launches(func):
             return out, 0.0
-        key, flops, moved = priced(func, args, kwargs, out, self.on_cpu)
-        self.ops[(self.phase, key, flops, int(moved))] += 1
+        dtype, flops, moved = priced(func, args, kwargs, out, self.on_cpu)
+        cost = OpCost(self.phase, dtype, flops, int(moved))
+        self.ops[cost] += 1
         self.recomputed += self.phase == "backward" and self._in_forward > 0
         if func._overloadpacket in products.TIMED:
-            self.products[(self.phase, str(func), products.operands(args, kwargs), key, flops, int(moved))] += 1
-        self.sequence.append((self.phase, key, flops, int(moved)))
+            operands = products.operands(args, kwargs)
+            self.products[products.ProductCall(self.phase, str(func), operands, dtype, flops, cost.moved)] += 1
+        self.sequence.append(cost)
         return out, 0.0
 
     def __enter__(self):
@@ -154,12 +175,12 @@ def recording(on_cpu: bool = False):
         yield roofline
 
 
-def reading(roofline: Roofline) -> list:
-    """The record as the trace stores it: [phase, dtype key, FLOPs, bytes, count] per distinct op cost."""
-    return [[*key, n] for key, n in sorted(roofline.ops.items())]
+def reading(roofline: Roofline) -> list[CountedOp]:
+    """The record as the trace stores it: each distinct op cost with its count, in the costs' order."""
+    return [CountedOp(*cost, n) for cost, n in sorted(roofline.ops.items())]
 
 
-def micro_batch_flops(ops: list) -> int:
+def micro_batch_flops(ops: list[CountedOp]) -> int:
     """The FLOPs of one micro-batch's forward and backward in the record: each op's by
     torch.utils.flop_counter's formulas, as FlopCounterMode counts them (the optimizer step's ops have none)."""
-    return sum(flops * n for phase, key, flops, _, n in ops if phase in ("forward", "backward") and key != RANDOM)
+    return sum(op.flops * op.times for op in ops if op.phase in ("forward", "backward") and op.dtype != RANDOM)

@@ -3,6 +3,8 @@ Result is what a job measured). Written as estimate.json and stored as results.j
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .step_time import StepTime
+
 ESTIMATE_FILE = "estimate.json"  # a job's estimate (mode=estimate, or the estimate CLI)
 GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "reserved_upper_bytes",
                 "device_used_upper_bytes")
@@ -32,9 +34,9 @@ class Estimate:
     compute_dtype: str  # the profile's `tflops` key the step is timed at
     peak_tflops: float | None
     step_time_s: float | None  # FLOPs at the profile's peak matmul rate: a lower bound on a step's time
-    predicted_step_s: float | None  # the roofline per op (roofline.py); None with step_time["why_not"]
+    predicted_step_s: float | None  # the roofline per op (roofline.py); None with step_time.why_not
     tokens_per_s: float | None  # tokens of one optimizer step (padded to seq_len) / predicted_step_s
-    step_time: dict[str, Any]  # the roofline's parts: forward, backward, optimizer, host transfers, rates
+    step_time: StepTime  # the roofline's parts: forward, backward, optimizer, host transfers, rates
     trace: dict[str, Any]  # the trace's own reading (and the allocator model's on a GPU)
     total_params: int
     trainable_params: int
@@ -54,7 +56,7 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         """estimate.json: every field; a GPU's counters only on a GPU profile."""
-        out = asdict(self)
+        out = {**asdict(self), "step_time": self.step_time.to_dict()}
         if self.device != "cuda":
             for key in GPU_COUNTERS:
                 out.pop(key)

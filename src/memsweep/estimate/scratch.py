@@ -1,26 +1,17 @@
-"""Kernel scratch: blocks a CUDA op takes from the caching allocator and gives back before it returns. They
-are not tensors, so the dispatch mode sees none of them, but the allocator does, and where the step peaks
-inside such an op they are part of the peak.
-
-Modelled: the staging buffer of PyTorch's reduction kernel (aten/src/ATen/native/cuda/Reduce.cuh,
-gpu_reduce_kernel). When a reduction has few outputs and many inputs per output, setReduceConfig splits
-each output's inputs across several thread blocks (ctas_per_output) that meet in global memory: the kernel
-allocates `global_memory_size()` bytes of accumulators and `semaphore_size()` bytes of counters, launches,
-and frees both. A training step meets this in every bias gradient (the output gradient summed over all its
-tokens) and every norm weight's: on an H200 a bert-base step's intermediate bias gradient (4,096 tokens x
-3,072) took a 100,663,296-byte buffer and 96 bytes of semaphores (benchmarks/gpu_snapshots), exactly
-what `reduction_scratch` gives; in a public snapshot of a 24-layer decoder at 4 x 512 tokens (tests/snapshots/)
-each of the 49 RMSNorm weight gradients took 16,777,216 + 32 bytes, as it gives. The split depends on the
-GPU: its SM count and resident threads per SM.
-
-Not modelled: other kernels' scratch (cuBLASLt beyond its workspace, cuDNN, sort-based embedding
-backward, fused optimizers), and reductions this reading of TensorIterator does not cover (a
-non-contiguous input, reduced dimensions that are neither all leading nor all trailing): none is added.
+"""Kernel scratch: blocks a CUDA op takes from the caching allocator and gives back before it returns. Not
+tensors, so the dispatch mode sees none of them, but the allocator does, and where the step peaks inside such
+an op they are part of the peak. Modelled: the staging buffer and semaphores of PyTorch's reduction kernel
+(Reduce.cuh), sized per GPU (its SM count and resident threads per SM). The kernel's rule, the snapshots it
+was checked against and what is not modelled: docs/estimator/allocator.md.
 """
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+
+from .events import Event
 
 # The CUDA C++ Programming Guide, "Technical Specifications per Compute Capability": maximum resident
 # threads per SM.
@@ -30,6 +21,16 @@ WARP = 32
 MAX_THREADS = 512  # mnt_wrapper<T>::MAX_NUM_THREADS (256 for complex double only)
 MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD = 16, 256  # setReduceConfig, CUDA (ROCm differs)
 REDUCTIONS = {"sum.dim_IntList", "sum.default", "mean.dim", "mean.default"}
+
+
+class Reduction(NamedTuple):
+    """A sum or mean the reduction kernel runs on a contiguous tensor: its shape, the reduced dims (sorted) and
+    the accumulator's bytes; once recorded, the key of its semaphores' block (its staging buffer's key is the
+    one the recorder files it under)."""
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+    acc: int
+    semaphore: Hashable = None
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ def gpu_of(profile) -> Gpu | None:
     return Gpu(profile.sm_count, threads)
 
 
-def op_reduction(func, args, kwargs) -> tuple | None:
-    """(shape, reduced dims, accumulator bytes) of a sum or mean `func` (the op just run), else None."""
+def op_reduction(func, args, kwargs) -> Reduction | None:
+    """The reduction a sum or mean `func` (the op just run) makes the kernel run, else None."""
     name = f"{func._schema.name.split('::')[-1]}.{func._overloadname}"
     if name not in REDUCTIONS or not isinstance(args[0], torch.Tensor) or not args[0].is_contiguous():
         return None
@@ -55,22 +56,23 @@ def op_reduction(func, args, kwargs) -> tuple | None:
     dims = args[1] if len(args) > 1 and args[1] is not None else kwargs.get("dim")
     dims = range(x.dim()) if not dims else [d % x.dim() for d in dims]
     acc = 8 if x.dtype == torch.float64 else 4  # arg_t: float accumulates float, half and bfloat16
-    return tuple(x.shape), tuple(sorted(set(dims))), acc
+    return Reduction(tuple(x.shape), tuple(sorted(set(dims))), acc)
 
 
-def sized(events: list, reductions: dict, gpu: Gpu | None) -> list:
+def sized(events: list[Event], reductions: dict[Hashable, Reduction], gpu: Gpu | None) -> list[Event]:
     """The step's events with each reduction's scratch (recorded as 0-byte placeholders, `reductions`:
-    {staging key: (shape, dims, acc, semaphore key)}) sized for `gpu`; a block of 0 bytes left out."""
+    {staging key: Reduction}) sized for `gpu`; a block of 0 bytes left out."""
     sizes = {}
-    for key, (shape, dims, acc, semaphore) in reductions.items():
-        made = reduction_scratch(shape, dims, acc, gpu) if gpu else []
-        sizes.update({key: made[0], semaphore: made[1]} if made else {key: 0, semaphore: 0})
+    for key, reduction in reductions.items():
+        made = reduction_scratch(reduction.shape, reduction.dims, reduction.acc, gpu) if gpu else []
+        staging, semaphores = made if made else (0, 0)
+        sizes.update({key: staging, reduction.semaphore: semaphores})
     out = []
     for event in events:
-        if event[0] in ("alloc", "free") and event[1] in sizes:
-            if not sizes[event[1]]:
+        if event.kind in ("alloc", "free") and event.key in sizes:
+            if not sizes[event.key]:
                 continue
-            event = ("alloc", event[1], sizes[event[1]]) if event[0] == "alloc" else event
+            event = event._replace(nbytes=sizes[event.key]) if event.kind == "alloc" else event
         out.append(event)
     return out
 

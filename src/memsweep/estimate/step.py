@@ -5,6 +5,7 @@ from the first micro-batch to zero_grad, with marks for the recorder (capture.py
 import contextlib
 import inspect
 import tempfile
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,6 +26,8 @@ class NoMarks:
         pass
 
 
+NO_MARKS = NoMarks()
+
 
 def trainer_arguments(setup, keys: tuple[str, ...]):
     """TrainingArguments of the setup's `keys`, on the CPU: what Trainer derives from them."""
@@ -35,17 +38,23 @@ def trainer_arguments(setup, keys: tuple[str, ...]):
 
 
 
-def optimizer_spec(setup, model):
-    """(optimizer class, its kwargs, the TrainingArguments) as Trainer would choose them."""
+class OptimizerSpec(NamedTuple):
+    """The optimizer as Trainer would choose it: its class, its kwargs, and the TrainingArguments they come from."""
+    cls: type
+    kwargs: dict[str, Any]
+    args: Any  # transformers.TrainingArguments
+
+
+def optimizer_spec(setup, model) -> OptimizerSpec:
+    """The optimizer's class and kwargs as Trainer would choose them for the setup's arguments."""
     from transformers import Trainer
 
     args = trainer_arguments(setup, ("optim", "optim_args", "learning_rate", "weight_decay"))
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
-    return cls, kwargs, args
+    return OptimizerSpec(cls, kwargs, args)
 
 
-
-def build_optimizer(setup, model, profile: HardwareConf, spec):
+def build_optimizer(setup, model, profile: HardwareConf, spec: OptimizerSpec):
     """The optimizer Trainer.create_optimizer would build: its class, kwargs and parameter groups
     (`spec`: optimizer_spec's answer, asked before the model is sharded)."""
     from transformers import Trainer
@@ -86,7 +95,7 @@ def flat_partition_step(spec, numel: int, profile: HardwareConf):
     return sum(v.untyped_storage().nbytes() for v in state), recorder
 
 
-def flat_optimizer(spec, numel: int, profile: HardwareConf):
+def flat_optimizer(spec: OptimizerSpec, numel: int, profile: HardwareConf):
     """(one flat fp32 partition of `numel` values with a gradient, the client optimizer over it, its state made
     by a first step); inside the caller's fake mode."""
     cls, kwargs, _ = spec
@@ -166,7 +175,8 @@ def fake_batch(model, micro_batch: int, seq_len: int, task: str) -> dict[str, to
     ids = torch.zeros(micro_batch, seq_len, dtype=torch.long)
     labels = torch.zeros_like(ids) if task == "causal_lm" else torch.zeros(micro_batch, dtype=torch.long)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
-    if task != "causal_lm" and getattr(model.config, "type_vocab_size", 0):  # BERT tokenizers return token types, DistilBERT's none
+    # BERT tokenizers return token types, DistilBERT's none
+    if task != "causal_lm" and getattr(model.config, "type_vocab_size", 0):
         batch["token_type_ids"] = torch.zeros_like(ids)
     return batch
 
@@ -178,7 +188,7 @@ def image_batch(config, micro_batch: int) -> dict[str, torch.Tensor]:
     return {"pixel_values": pixels, "labels": torch.zeros(micro_batch, dtype=torch.long)}
 
 
-def training_step(model, optimizer, batches, setup, marks=NoMarks(), forward_contexts=None) -> None:
+def training_step(model, optimizer, batches, setup, marks=NO_MARKS, forward_contexts=None) -> None:
     """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step (its own
     fp16 autocast on the CPU wraps the whole call, see trainer.py; Accelerate's is in model.forward).
     `forward_contexts` stand in for the setup's where the trace runs them otherwise (fake.save_on_host)."""

@@ -26,7 +26,8 @@ def summary_line(est: dict[str, Any]) -> str:
                if est.get("reserved_upper_bytes") is not None else "")
     return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']} for {shape(est)}: "
                       f"{_gib(est['total_bytes'])} GiB{packing} of {_gib(est['capacity_bytes'])} GiB, {fits}; "
-                      f"{est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}", *shapes.lines(est.get("shape_advice"))])
+                      f"{est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}",
+                      *shapes.lines(est.get("shape_advice"))])
 
 
 def _predicted_time(est: dict[str, Any]) -> str:

@@ -7,11 +7,11 @@ step's ops, each by torch.utils.flop_counter's formulas (op_record.py records th
 The measured step's allocations and frees are recorded beside the ledger (capture.py): read as the
 ledger reads a step they give its peak (`recorded_peak_bytes`, a check); on a GPU profile they are
 replayed through the model of the CUDA caching allocator (allocator.py); for a job traced as its nearest
-job (adjust.py) they are adjusted by the job's arithmetic and are the reading.
+job (adjust.py) they are adjusted by the job's arithmetic and are the reading. All of it is a Trace (traced.py).
 """
 import contextlib
+import dataclasses
 import time
-from typing import Any
 
 import torch
 
@@ -20,6 +20,9 @@ from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
 from . import adjust, capture, fake, op_record, products, scratch, sharded, zero
+from .events import Event
+from .op_record import CountedOp, OpCost
+from .products import CountedProduct
 from .step import (
     build_optimizer,
     fake_batch,
@@ -30,6 +33,7 @@ from .step import (
     trainer_arguments,
     training_step,
 )
+from .traced import AllocatorReading, RankReading, Trace
 
 
 @contextlib.contextmanager
@@ -53,8 +57,7 @@ def workspace_bytes(profile: HardwareConf) -> int:
     return capture.cublas_workspace_bytes(profile.compute_capability) if profile.device == "cuda" else 0
 
 
-def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.Adjustment | None = None,
-          ) -> dict[str, Any]:
+def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.Adjustment | None = None) -> Trace:
     """The ledger of one training step of `model` (meta.traced_model of `job`, the adjustment's nearest
     job where there is one) on fake tensors, as LedgerCallback takes it on a real job, and its FLOPs."""
     started = time.perf_counter()
@@ -80,32 +83,30 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
             batches = early or measured_batches(job, setup, model)
             training_step(model, optimizer, batches, setup, marks=zero.ReshardAfterBackward(recorder, held),
                           forward_contexts=forward)
-        reading = {**ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0),
-                   "flops_per_step": flops * setup.accumulation_steps, "roofline_ops": ops,
-                   "roofline_sequence": sequence, "roofline_products": products, "recomputed_ops": recomputed,
-                   "modules": sum(1 for _ in model.modules()),  # what Trainer walks each micro-batch
-                   "paged_in_bytes": capture.paged_in(recorder.events, len(batches)),
-                   "optimizer": type(optimizer).__name__ if optimizer else spec[0].__name__,
-                   "recorded_peak_bytes": capture.tensor_reading(recorder.events, recorder.categories)["peak_bytes"]}
+        traced = Trace(
+            **dataclasses.asdict(ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0)),
+            flops_per_step=flops * setup.accumulation_steps, roofline_ops=ops, roofline_sequence=sequence,
+            roofline_products=products, recomputed_ops=recomputed,
+            modules=sum(1 for _ in model.modules()),  # what Trainer walks each micro-batch
+            paged_in_bytes=capture.paged_in(recorder.events, len(batches)),
+            optimizer=type(optimizer).__name__ if optimizer else spec.cls.__name__,
+            recorded_peak_bytes=capture.tensor_reading(recorder.events, recorder.categories).peak_bytes)
     if adjustment is not None:
-        reading.update(adjusted_reading(recorder, adjustment, profile, spec))  # with this GPU's scratch
-        reading.update(flat_step_ops(reading, adjustment, spec, profile, model))
-        reading.update(zip(("gpu", "workspace"), reading_key(profile)))
+        traced = adjusted_reading(traced, recorder, adjustment, profile, spec)  # with this GPU's scratch
+        traced = flat_step_ops(traced, adjustment, spec, profile, model)
+        traced.gpu, traced.workspace = reading_key(profile)
         if adjustment.save_on_host:  # what save_on_cpu copies to the host per micro-batch, and back in backward
-            reading["offloaded_bytes_per_micro_batch"] = sum(
-                e[2] for e in recorder.events if e[0] == "alloc" and recorder.categories.get(e[1]) == "host"
+            traced.offloaded_bytes_per_micro_batch = sum(
+                e.nbytes for e in recorder.events if e.kind == "alloc" and recorder.categories.get(e.key) == "host"
             ) // len(batches)
     elif profile.device == "cuda":
         # kept for the planner, which derives other micro-batches from them (planner/batch.py), and to read
         # the step on another GPU (for_gpu)
-        reading.update(events=recorder.events, categories=recorder.categories, reductions=recorder.reductions,
-                       cublas_keys=recorder.workspaces)
-        reading.update(for_gpu(reading, profile))
-    return {**reading, "seconds": round(time.perf_counter() - started, 2)}
-
-
-# what a trace holds for one GPU only (for_gpu makes them per GPU): a trace without them is any GPU's
-PER_GPU = ("allocator", "gpu", "workspace", "readings")
+        traced.events, traced.categories = recorder.events, recorder.categories
+        traced.reductions, traced.cublas_keys = recorder.reductions, recorder.workspaces
+        traced = for_gpu(traced, profile)
+    traced.seconds = round(time.perf_counter() - started, 2)
+    return traced
 
 
 def reading_key(profile: HardwareConf) -> tuple:
@@ -113,34 +114,39 @@ def reading_key(profile: HardwareConf) -> tuple:
     return scratch.gpu_of(profile), workspace_bytes(profile)
 
 
-def made_for(traced: dict[str, Any], profile: HardwareConf) -> bool:
+def allocator_reading(events: list[Event], categories: dict) -> AllocatorReading:
+    """The allocator model's reading of recorded events (capture.allocator_reading), typed."""
+    return AllocatorReading(**capture.allocator_reading(events, categories))
+
+
+def made_for(traced: Trace, profile: HardwareConf) -> bool:
     """Whether the trace's allocator reading is already the one for `profile`'s GPU (always, off CUDA)."""
-    return profile.device != "cuda" or (traced.get("gpu"), traced.get("workspace")) == reading_key(profile)
+    return profile.device != "cuda" or (traced.gpu, traced.workspace) == reading_key(profile)
 
 
-def readable_on(traced: dict[str, Any], profile: HardwareConf) -> bool:
+def readable_on(traced: Trace, profile: HardwareConf) -> bool:
     """Whether `for_gpu` can read the trace on `profile`'s GPU: made for it, or a plain trace (events kept).
     An adjusted job's trace (ZeRO, offload) made for another GPU must be traced again."""
-    return made_for(traced, profile) or "events" in traced
+    return made_for(traced, profile) or traced.events is not None
 
 
-def for_gpu(traced: dict[str, Any], profile: HardwareConf) -> dict[str, Any]:
+def for_gpu(traced: Trace, profile: HardwareConf) -> Trace:
     """The trace's allocator reading on `profile`'s GPU: its reductions' scratch (scratch.py) and the cuBLAS
     workspaces sized for that GPU, read once per GPU (kept in the trace's `readings`). One plain trace
     serves GPUs of the same device this way."""
     if made_for(traced, profile):
         return traced
     gpu, workspace = reading_key(profile)
-    readings = traced.setdefault("readings", {})
-    if (gpu, workspace) not in readings:
-        cublas = set(traced["cublas_keys"])
-        events = [("alloc", e[1], workspace) if e[0] == "alloc" and e[1] in cublas else e
-                  for e in scratch.sized(traced["events"], traced.get("reductions", {}), gpu)]
-        readings[(gpu, workspace)] = capture.allocator_reading(events, traced["categories"])
-    return {**traced, "allocator": readings[(gpu, workspace)], "gpu": gpu, "workspace": workspace}
+    if (gpu, workspace) not in traced.readings:
+        cublas = set(traced.cublas_keys)
+        events = [e._replace(nbytes=workspace) if e.kind == "alloc" and e.key in cublas else e
+                  for e in scratch.sized(traced.events, traced.reductions, gpu)]
+        traced.readings[(gpu, workspace)] = allocator_reading(events, traced.categories)
+    return dataclasses.replace(traced, allocator=traced.readings[(gpu, workspace)], gpu=gpu, workspace=workspace)
 
 
-def warm_up(job: Config, setup, model, optimizer, on_cpu: bool = False) -> tuple[int, list, list, list, int]:
+def warm_up(job: Config, setup, model, optimizer, on_cpu: bool = False,
+            ) -> tuple[int, list[CountedOp], list[OpCost], list[CountedProduct], int]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
     behind. Its ops are recorded here (op_record.py): one micro-batch's forward and backward (and how many of the
     backward's ops recompute the forward: activation checkpointing), and the optimizer step; their FLOPs are the
@@ -161,19 +167,19 @@ def measured_batches(job: Config, setup, model) -> list:
             for _ in range(min(setup.accumulation_steps, 2))]
 
 
-def flat_step_ops(reading: dict, adjustment: adjust.Adjustment, spec, profile: HardwareConf, model) -> dict:
+def flat_step_ops(traced: Trace, adjustment: adjust.Adjustment, spec, profile: HardwareConf, model) -> Trace:
     """ZeRO's optimizer step on the process's flat partition (step.flat_partition_ops) added to the step's ops:
     the nearest job is traced without an optimizer. Its gradients and weights are the traced model's dtype
     (the one DeepSpeed trains in)."""
     if not adjustment.flat_numel:
-        return {}
+        return traced
     dtype = next((p.dtype for p in model.parameters() if p.requires_grad), torch.float32)
     ops, sequence = flat_partition_ops(spec, adjustment.flat_numel, profile, dtype)
-    return {"roofline_ops": reading["roofline_ops"] + ops,
-            "roofline_sequence": list(reading["roofline_sequence"]) + sequence}
+    return dataclasses.replace(traced, roofline_ops=traced.roofline_ops + ops,
+                               roofline_sequence=list(traced.roofline_sequence) + sequence)
 
 
-def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareConf, spec) -> dict[str, Any]:
+def adjusted_reading(traced: Trace, recorder, adjustment: adjust.Adjustment, profile: HardwareConf, spec) -> Trace:
     """The nearest job's recorded step with the adjustment's arithmetic, read as the ledger reads a step
     (and, on a GPU profile, through the allocator model), in place of the nearest job's own ledger: rank
     0's, and for a job of several processes each rank's in `per_rank`. Ranks differ where ZeRO-2's walk
@@ -183,13 +189,12 @@ def adjusted_reading(recorder, adjustment: adjust.Adjustment, profile: HardwareC
     readings, sized = [], scratch.sized(recorder.events, recorder.reductions, scratch.gpu_of(profile))
     for rank in range(adjustment.zero.world if adjustment.zero else 1):
         events, categories = adjust.apply(sized, recorder.categories, adjustment, flat, rank)
-        reading = {**capture.tensor_reading(events, categories), "adjustment": adjustment.reason,
-                   "optimizer_on_host": "optimizer" in adjustment.host}
-        if profile.device == "cuda":
-            reading["allocator"] = capture.allocator_reading(events, categories)
-        readings.append(reading)
+        allocator = allocator_reading(events, categories) if profile.device == "cuda" else None
+        readings.append(dataclasses.replace(traced, **dataclasses.asdict(capture.tensor_reading(events, categories)),
+                                            adjustment=adjustment.reason,
+                                            optimizer_on_host="optimizer" in adjustment.host, allocator=allocator))
     if adjustment.ranks > 1:
-        readings[0]["per_rank"] = [
-            {"rank": n, **{k: r[k] for k in ("peak_bytes", "breakdown", "allocator") if k in r}}
-            for n, r in enumerate(readings[min(n, len(readings) - 1)] for n in range(adjustment.ranks))]
+        readings[0].per_rank = [RankReading(n, r.peak_bytes, r.breakdown, r.allocator)
+                                for n, r in enumerate(readings[min(n, len(readings) - 1)]
+                                                      for n in range(adjustment.ranks))]
     return readings[0]

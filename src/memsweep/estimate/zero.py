@@ -1,32 +1,16 @@
-"""ZeRO stage 2's gradient path, for each rank, on the nearest job's recorded backward (adjust.py); and for
-stage 3, traced as FSDP, the modules whose gathered weights DeepSpeed holds past their backward
-(`held_until_step`).
-
-DeepSpeed's stage_1_and_2.py (0.19.8) handles each gradient in a hook as autograd makes it; the trace
-records when each parameter's gradient is accumulated (`hooks`: capture.Recorder.grad_made), so the same walk is
-replayed here for each rank of `distributed.nproc`, with the sizes of the job's own DeepSpeed config:
-
-- Partitions (`__init__`): each optimizer param group (Trainer's decay / no-decay groups) is flattened in
-  its order (round_robin_gradients, off by default, would reorder it: not walked),
-  padded to a multiple of nccl_start_alignment_factor (2) x world size, and cut into world-size equal
-  partitions; a parameter belongs to every partition it overlaps (param_to_partition_ids), so ranks can
-  differ in what they own.
-- The reduce bucket (`setup_buckets`, at the first gradient of a backward): reduce_bucket_size elements in
-  the model's dtype (two with overlap_comm). A gradient of at most that many values is copied into it
-  and its own tensor freed (`reduce_independent_p_g_buckets_and_remove_grads`); a larger one stays its
-  own tensor until reduced. When the next gradient would overflow the bucket, the bucket is reduced
-  (`reduce_ipg_grads`): `average_tensor` all-reduces it through `allreduce_bucket`, which flattens what it
-  reduces (`flat_copies`: a copy only of two or more slices), then each
-  gradient this rank owns is copied into `grads_in_partition` (`copy_grads_in_partition`: made at the
-  first such copy, the full size of every parameter of this rank's partition, in the model's dtype) and
-  an oversized one freed; the others' gradients are freed (`clear_grad_attribute`).
-- The epilogue after backward (`independent_gradient_partition_epilogue`) reduces what is left and frees
-  the bucket; the first micro-batch's partition is held to the optimizer step (`averaged_gradients` are
-  views of it); a later micro-batch's is added into it and freed.
+"""ZeRO stage 2's gradient path, for each rank, on the nearest job's recorded backward (adjust.py): each
+gradient handled where DeepSpeed's hook runs (recorded "grad" events: `hooks`), bucketed, reduced and copied
+into the rank's partition as stage_1_and_2.py does, with the job's own DeepSpeed sizes; and for stage 3,
+traced as FSDP, the modules whose gathered weights DeepSpeed holds past their backward (`held_until_step`).
+The walk, step by step with DeepSpeed's functions: docs/estimator/adjustments.md.
 """
 import contextlib
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from .events import Event
 
 # stage_1_and_2.py: nccl_start_alignment_factor, 4-byte alignment / sizeof(fp16)
 ALIGNMENT = 2
@@ -78,38 +62,50 @@ def param_groups(model) -> tuple:
     return tuple(tuple(g) for g in groups if g)
 
 
-def ownership(s: Settings) -> tuple[dict, list]:
-    """(name -> (numel, its slices: (rank, numel) for each partition it overlaps, in order)), and per rank the
-    elements of its grads_in_partition (every parameter it overlaps, in full)."""
-    owners, partition_numel = {}, [0] * s.world
+class Slice(NamedTuple):
+    """The part of a parameter's flattened values in one rank's partition."""
+    rank: int
+    numel: int
+
+
+class Placement(NamedTuple):
+    """Where a parameter's values lie: how many, and a slice for each partition it overlaps, in order."""
+    numel: int
+    slices: tuple[Slice, ...]
+
+
+def ownership(s: Settings) -> tuple[dict[str, Placement], list[int]]:
+    """Each parameter's Placement by name, and per rank the elements of its grads_in_partition (every parameter
+    it overlaps, in full)."""
+    placements, partition_numel = {}, [0] * s.world
     for group in s.groups:
         total = sum(numel for _, numel in group)
         size = math.ceil(total / (ALIGNMENT * s.world)) * ALIGNMENT
         start = 0
         for name, numel in group:
-            slices = tuple((r, min(start + numel, (r + 1) * size) - max(start, r * size)) for r in range(s.world)
+            slices = tuple(Slice(r, min(start + numel, (r + 1) * size) - max(start, r * size)) for r in range(s.world)
                            if start < (r + 1) * size and start + numel > r * size)
-            owners[name] = (numel, slices)
-            for r, _ in slices:
-                partition_numel[r] += numel
+            placements[name] = Placement(numel, slices)
+            for piece in slices:
+                partition_numel[piece.rank] += numel
             start += numel
-    return owners, partition_numel
+    return placements, partition_numel
 
 
-def flat_copies(slices: list, bucket: int) -> list:
-    """The tensors `allreduce_bucket` makes while reducing `slices` ((rank, numel) in bucket order):
+def flat_copies(slices: list[Slice], bucket: int) -> list[int]:
+    """The tensors `allreduce_bucket` makes while reducing `slices` (in bucket order), in elements:
     average_tensor merges consecutive slices of one rank, allreduce_and_scatter reduces them in groups that
     end once past reduce_bucket_size elements, and `_flatten_dense_tensors` copies a group of two or more
     into one new tensor (one tensor alone is only viewed)."""
-    merged = []
-    for rank, numel in slices:
-        if merged and merged[-1][0] == rank:
-            merged[-1] = (rank, merged[-1][1] + numel)
+    merged: list[Slice] = []
+    for piece in slices:
+        if merged and merged[-1].rank == piece.rank:
+            merged[-1] = Slice(piece.rank, merged[-1].numel + piece.numel)
         else:
-            merged.append((rank, numel))
+            merged.append(piece)
     copies, group = [], []
-    for _, numel in merged:
-        group.append(numel)
+    for piece in merged:
+        group.append(piece.numel)
         if sum(group) > bucket:
             copies.append(group)
             group = []
@@ -117,30 +113,37 @@ def flat_copies(slices: list, bucket: int) -> list:
     return [sum(g) for g in copies if len(g) > 1]
 
 
+class Pending(NamedTuple):
+    """A gradient in the reduce bucket, waiting for its reduction: its parameter, and the key of its own block
+    when it is too large for the bucket (None: copied into the bucket)."""
+    name: str
+    key: Hashable
+
+
 class Walk:
     """One rank's events: the recorded ones, with each gradient handled as stage_1_and_2.py handles it."""
 
     def __init__(self, s: Settings, rank: int):
         self.s, self.rank = s, rank
-        self.owners, partition_numel = ownership(s)
+        self.placements, partition_numel = ownership(s)
         self.partition_bytes = partition_numel[rank] * s.dtype_bytes
-        self.out: list = []
+        self.out: list[Event] = []
         self.categories: dict = {}
-        self.pending: list = []  # (name, key of an oversized gradient's own block, or None)
+        self.pending: list[Pending] = []
         self.elements = 0
         self.bucket_made = False
         self.micro_batch = 0
         self.partition: tuple | None = None  # this micro-batch's grads_in_partition block
 
     def block(self, key, nbytes: int, category: str) -> None:
-        self.out.append(("alloc", key, nbytes))
+        self.out.append(Event.alloc(key, nbytes))
         self.categories[key] = category
 
     def gradient(self, name: str, key) -> None:
         """A parameter's gradient hook: bucket it, reducing the bucket first when it would overflow. `key`:
         the block of its gradient; None for a later micro-batch's, which the nearest job added into the
         accumulated one and freed (DeepSpeed cleared .grad at the epilogue: it is a fresh tensor)."""
-        numel = self.owners[name][0]
+        numel = self.placements[name].numel
         if not self.bucket_made:
             for n in range(self.s.buffers):
                 self.block(("reduce bucket", self.micro_batch, n), self.s.bucket * self.s.dtype_bytes, "temp")
@@ -151,11 +154,11 @@ class Walk:
             if key is None:
                 key = ("gradient", name, self.micro_batch)
                 self.block(key, numel * self.s.dtype_bytes, "temp")
-            self.pending.append((name, key))
+            self.pending.append(Pending(name, key))
         else:
-            self.pending.append((name, None))
+            self.pending.append(Pending(name, None))
             if key is not None:
-                self.out.append(("free", key))  # copied into the bucket
+                self.out.append(Event.free(key))  # copied into the bucket
         self.elements += numel
 
     def reduce(self) -> None:
@@ -163,17 +166,18 @@ class Walk:
         flat copies, then copy this rank's gradients into its partition and free the others'."""
         if not self.pending:
             return
-        slices = [piece for name, _ in self.pending for piece in self.owners[name][1]]
+        slices = [piece for gradient in self.pending for piece in self.placements[gradient.name].slices]
         for numel in flat_copies(slices, self.s.bucket):
             flat = ("flat copy", len(self.out))
             self.block(flat, numel * self.s.dtype_bytes, "temp")
-            self.out.append(("free", flat))
-        for name, key in self.pending:
-            if self.rank in (r for r, _ in self.owners[name][1]) and self.partition is None:
+            self.out.append(Event.free(flat))
+        for gradient in self.pending:
+            owned = any(piece.rank == self.rank for piece in self.placements[gradient.name].slices)
+            if owned and self.partition is None:
                 self.partition = ("gradient partition", self.micro_batch)
                 self.block(self.partition, self.partition_bytes, "grads")
-            if key is not None:
-                self.out.append(("free", key))
+            if gradient.key is not None:
+                self.out.append(Event.free(gradient.key))
         self.pending, self.elements = [], 0
 
     def epilogue(self) -> None:
@@ -181,30 +185,30 @@ class Walk:
         micro-batch's partition added into the first's and freed."""
         self.reduce()
         if self.bucket_made:
-            self.out += [("free", ("reduce bucket", self.micro_batch, n)) for n in range(self.s.buffers)]
+            self.out += [Event.free(("reduce bucket", self.micro_batch, n)) for n in range(self.s.buffers)]
         if self.micro_batch > 0 and self.partition is not None:
-            self.out.append(("free", self.partition))
+            self.out.append(Event.free(self.partition))
         self.bucket_made, self.partition = False, None
         self.micro_batch += 1
 
 
-def walk(events: list, categories: dict, s: Settings, rank: int) -> tuple[list, dict]:
+def walk(events: list[Event], categories: dict, s: Settings, rank: int) -> tuple[list[Event], dict]:
     """`rank`'s events: the recorded step with stage 2's gradient path (module docstring) in place of the
-    nearest job's whole gradients, which are freed here where DeepSpeed frees them. ("grad", name, key)
-    events (recorded by a post-accumulate-grad hook, where DeepSpeed's hook runs) say when each is made."""
+    nearest job's whole gradients, which are freed here where DeepSpeed frees them. "grad" events (recorded
+    by a post-accumulate-grad hook, where DeepSpeed's hook runs) say when each is made."""
     w, in_backward, handled = Walk(s, rank), False, set()
     w.categories = dict(categories)
     for event in events:
-        if event[0] == "mark":
+        if event.kind == "mark":
             if in_backward:
                 w.epilogue()
-            in_backward = event[1] == "backward"
-        if event[0] == "grad":
-            if event[1] in w.owners:
-                w.gradient(event[1], None if event[2] in handled else event[2])
-                handled.add(event[2])
+            in_backward = event.name == "backward"
+        if event.kind == "grad":
+            if event.name in w.placements:
+                w.gradient(event.name, None if event.key in handled else event.key)
+                handled.add(event.key)
             continue
-        if event[0] == "free" and event[1] in handled:
+        if event.kind == "free" and event.key in handled:
             continue  # already freed where DeepSpeed frees it
         w.out.append(event)
     return w.out, w.categories
@@ -212,7 +216,7 @@ def walk(events: list, categories: dict, s: Settings, rank: int) -> tuple[list, 
 
 @contextlib.contextmanager
 def hooks(model, recorder):
-    """Record ("grad", name, key) where DeepSpeed's gradient hook runs: after each trainable parameter's
+    """Record a "grad" event where DeepSpeed's gradient hook runs: after each trainable parameter's
     gradient is accumulated (register_post_accumulate_grad_hook)."""
     handles = [p.register_post_accumulate_grad_hook(lambda p, name=name: recorder.grad_made(name, p.grad))
                for name, p in model.named_parameters() if p.requires_grad]

@@ -7,7 +7,7 @@ inside `optimizer.step()` as optimizer state (temporaries included) — the true
 the optimizer itself and the rest is reported as temporaries.
 """
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -171,11 +171,22 @@ class LedgerCallback(TrainerCallback):
             return
         tracker = self.tracker
         self.close()
-        for key, value in ledger_reading(tracker, optimizer_state_bytes(optimizer)).items():
+        for key, value in asdict(ledger_reading(tracker, optimizer_state_bytes(optimizer))).items():
             setattr(self.ledger, key, value)
 
 
-def ledger_reading(tracker: LedgerTracker, state_bytes: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LedgerReading:
+    """What a step's ledger says: the device peak and what it is made of, the activations held for backward,
+    the gradients' own maximum and the true optimizer state."""
+    peak_bytes: int
+    breakdown: dict[str, int]  # at the peak, sums to peak_bytes
+    activations_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+
+
+def ledger_reading(tracker: LedgerTracker, state_bytes: int) -> LedgerReading:
     """What a tracked step's ledger says: the device peak and what it is made of (summing to it), the
     activations held for backward, the gradients' own maximum and the true optimizer state. MemTracker
     counts everything optimizer.step() allocates as optimizer state: beyond `state_bytes` (read off the
@@ -188,9 +199,9 @@ def ledger_reading(tracker: LedgerTracker, state_bytes: int) -> dict[str, Any]:
     if breakdown.get("optimizer", 0) > state_bytes:
         breakdown["temp"] = breakdown.get("temp", 0) + breakdown["optimizer"] - state_bytes
         breakdown["optimizer"] = state_bytes
-    return {"peak_bytes": snaps[device]["Total"], "breakdown": breakdown,
-            "activations_bytes": tracker.saved_activations,
-            "grads_bytes": tracker.category_max.get("Gradient", 0), "optimizer_bytes": state_bytes}
+    return LedgerReading(peak_bytes=snaps[device]["Total"], breakdown=breakdown,
+                         activations_bytes=tracker.saved_activations,
+                         grads_bytes=tracker.category_max.get("Gradient", 0), optimizer_bytes=state_bytes)
 
 
 def loader_settings(loader) -> dict[str, Any]:

@@ -7,10 +7,26 @@ import functools
 import itertools
 import statistics
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from .host_memory import PAGE  # what a fresh page is (glibc's malloc)
+
+
+class TensorSpec(NamedTuple):
+    """A tensor operand as this CPU can make it again (product_s below makes one of it)."""
+    kind: str  # "tensor": an operand's value is a TensorSpec or a plain scalar, string or None
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str  # torch's name of its dtype, without "torch." ("bfloat16")
+
+
+class Operand(NamedTuple):
+    """One argument of a timed op: `name` None for a positional one, its keyword otherwise."""
+    name: str | None
+    value: TensorSpec | int | float | bool | str | None
 
 
 def median_seconds(run, seconds: float, sync=lambda: None, warm: int = 2, least: int = 5,
@@ -85,11 +101,8 @@ def seconds_per_op(seconds: float = 0.5) -> float:
 
 def seconds_per_recomputed_op(seconds: float = 0.5) -> float:
     """What an op that activation checkpointing recomputes costs this CPU beyond a model's op (seconds_per_op):
-    the tiny BERT of seconds_per_op stepped with each layer checkpointed as a job checkpoints it
-    (techniques/checkpointing.enable: torch.utils.checkpoint, non-reentrant, whose saved-tensor hooks, Python
-    functions, pack each tensor the forward saves, unpack it in the backward, where the first unpack of a layer
-    runs its recomputation under hooks of its own), its time beyond the plain step's over the ops it recomputes,
-    less the plain step's time per op."""
+    the tiny BERT stepped with each layer checkpointed as a job checkpoints it, its time beyond the plain
+    step's over the ops it recomputes, less the plain step's time per op. Method: docs/guide/measuring.md."""
     from ..techniques.checkpointing import enable
 
     plain, checkpointed = _tiny_bert_step(), _tiny_bert_step(enable)
@@ -120,12 +133,10 @@ def _tiny_bert_step(transform=lambda model: model):
 
 
 def seconds_per_module_walk(calls: int = 15) -> float:
-    """What Trainer's own work on each micro-batch costs this CPU per module of the model: its training_step
-    calls `model.train()` and, to count FLOPs, its loop calls `floating_point_ops`, which is
-    `num_parameters(exclude_embeddings=True)` (transformers' trainer.py), each a walk over every module (and
-    parameter). Timed on the tiny BERT, each call after twice the last-level cache is written, as a micro-batch's
-    tensors leave it between two of them (MiniLM's walks took 0.38 ms in a loop, 0.55 swept, and
-    floating_point_ops alone 0.5-0.6 ms a call in a job's loop), over its modules."""
+    """What Trainer's own work on each micro-batch costs this CPU per module of the model: `model.train()` and
+    `floating_point_ops` (`num_parameters`), each a walk over every module. Timed on the tiny BERT with the
+    last-level cache swept before each call, as a micro-batch's tensors sweep it, over its modules.
+    Method and measurements: docs/guide/measuring.md."""
     model, _ = _tiny_bert()
 
     def walks():
@@ -184,34 +195,30 @@ def last_cache_bytes() -> int:
     return int(sizes[-1][:-1]) * units[sizes[-1][-1]] if sizes and sizes[-1][-1] in units else 32 * 2**20
 
 
-def product_s(op: str, operands: tuple) -> float:
+def product_s(op: str, operands: tuple[Operand, ...]) -> float:
     """What one product of a step, or one op of products.MATH, takes this CPU at its own shapes, strides and dtype,
-    with its operands and its output out of the caches as a step's are (each layer's weights and activations
-    are read once, each output is a block the step last touched long before, and the step's bytes are far more
-    than the caches hold): median over calls, each on its own copy of the operands and writing its own output
-    (the op's `out=` form, where it has one), the copies together twice the last-level cache (triton's do_bench flushes
-    the cache between calls for the same reason). A product returning a new tensor each call would write the
-    block malloc just took back from the call before, still in the caches. A 1,024-square product's rate is a
-    product's best: MiniLM's forward products at 32 rows took 1.5-1.6 times as long with cold operands as
-    with hot ones; its weights' gradients at 30 rows 1.2-1.45 times as long writing a cold output."""
+    with its operands and its output out of the caches as a step's are: the median over calls, each on its own
+    copy of the operands and writing its own output, the copies together twice the last-level cache.
+    Method and measurements: docs/guide/measuring.md."""
     return _product_at(op, operands, torch.get_num_threads())
 
 
 def _made(value):
     """A product's argument from its record: a tensor of its shape, strides and dtype, or the scalar."""
-    if not isinstance(value, tuple):
+    if not isinstance(value, TensorSpec):
         return value
-    shape, strides, dtype = value[1], value[2], getattr(torch, value[3])
-    return torch.empty_strided(shape, strides, dtype=dtype).fill_(1.0)  # a product's speed is not its values
+    dtype = getattr(torch, value.dtype)
+    return torch.empty_strided(value.shape, value.strides, dtype=dtype).fill_(1.0)  # its speed is not its values
 
 
 @functools.lru_cache(maxsize=4096)
-def _product_at(op: str, operands: tuple, threads: int) -> float:
+def _product_at(op: str, operands: tuple[Operand, ...], threads: int) -> float:
     namespace, name, overload = op.split(".")
     packet = getattr(getattr(torch.ops, namespace), name)
 
     def made() -> tuple[list, dict]:
-        return [_made(v) for k, v in operands if k is None], {k: _made(v) for k, v in operands if k is not None}
+        return ([_made(o.value) for o in operands if o.name is None],
+                {o.name: _made(o.value) for o in operands if o.name is not None})
 
     func = getattr(packet, overload)
     args, kwargs = made()
@@ -221,9 +228,9 @@ def _product_at(op: str, operands: tuple, threads: int) -> float:
         return torch.empty_strided(result.shape, result.stride(), dtype=result.dtype)
 
     # each operand's storage (its last element's offset, plus one) and the output's
-    size = result.nbytes + sum(torch.empty(0, dtype=getattr(torch, v[3])).element_size()
-                               * (1 + sum((n - 1) * st for n, st in zip(v[1], v[2])))
-                               for _, v in operands if isinstance(v, tuple))
+    size = result.nbytes + sum(torch.empty(0, dtype=getattr(torch, o.value.dtype)).element_size()
+                               * (1 + sum((n - 1) * st for n, st in zip(o.value.shape, o.value.strides)))
+                               for o in operands if isinstance(o.value, TensorSpec))
     copies = max(2, min(64, 2 * last_cache_bytes() // max(size, 1)))  # two of more than the cache flush each other
     calls = itertools.cycle([(*made(), output()) for _ in range(copies)])
 
@@ -236,15 +243,26 @@ def _product_at(op: str, operands: tuple, threads: int) -> float:
     return median_seconds(call, 0.05, warm=1, least=3, most=200)
 
 
-def cpu_rates() -> dict:
-    """FLOP/s for fp32 (and bf16 where it runs natively), memory GB/s, the time per op beyond its work (of a
-    model's forward and backward, of an optimizer's loop), random draws per second, the thread count: measured
-    once per thread count torch runs with."""
+@dataclass(frozen=True)
+class CpuRates:
+    """What this CPU does, measured at one thread count: matmul FLOP/s per dtype it runs natively, memory GB/s,
+    the time per op beyond its work (a model's forward and backward op, an optimizer loop's op), random draws
+    per second."""
+    flops: dict[str, float]  # "fp32", and "bf16" where the CPU runs it natively
+    memory_gbs: float
+    s_per_op: float
+    s_per_step_op: float
+    random_per_s: float
+    threads: int
+
+
+def cpu_rates() -> CpuRates:
+    """This CPU's rates, measured once per thread count torch runs with."""
     return measured_at(torch.get_num_threads())
 
 
 @functools.lru_cache(maxsize=4)
-def measured_at(threads: int) -> dict:
+def measured_at(threads: int) -> CpuRates:
     """cpu_rates at `threads` (the key of the cache: torch runs at that count while they are measured)."""
     from ..config.hardware import cpu_native_precisions
 
@@ -252,8 +270,8 @@ def measured_at(threads: int) -> dict:
     bf16, _ = cpu_native_precisions()
     if bf16:
         flops["bf16"] = matmul_flops(torch.bfloat16)
-    return {"flops": flops, "memory_gbs": copy_bytes_s() / 1e9, "s_per_op": seconds_per_op(),
-            "s_per_step_op": seconds_per_call(), "random_per_s": random_per_s(), "threads": torch.get_num_threads()}
+    return CpuRates(flops=flops, memory_gbs=copy_bytes_s() / 1e9, s_per_op=seconds_per_op(),
+                    s_per_step_op=seconds_per_call(), random_per_s=random_per_s(), threads=torch.get_num_threads())
 
 
 def fresh_page_s() -> float:

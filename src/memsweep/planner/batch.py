@@ -17,13 +17,18 @@ made (the events differ), and accumulation 1 measures one micro-batch, not two; 
 two traces' events do not line up (the same allocations and frees in the same order) or a size is not on an
 integer line, the job is traced as it is. tests/test_planner.py checks a derived step against its full trace.
 """
+import dataclasses
 import time
 from collections import Counter
 
 from ..config.schema import Config, HardwareConf
 from ..estimate import capture
 from ..estimate.core import assemble, device_key, estimate_job
-from ..estimate.trace import PER_GPU, for_gpu
+from ..estimate.events import Event
+from ..estimate.op_record import CountedOp, OpCost
+from ..estimate.products import CountedProduct, Operand, TensorSpec
+from ..estimate.trace import for_gpu
+from ..estimate.traced import Trace
 from ..run.setup import build_setup
 from .space import at_micro_batch, per_rank
 
@@ -44,16 +49,19 @@ def estimate_at_micro_batch(job: Config, profile: HardwareConf, memo: dict):
     bases = [at_micro_batch(job, k) for k in BASES]
     for base in bases:
         estimate_job(base, profile, memo)
-    traced = on_line(*(memo[device_key(b, profile)] for b in bases), m)
-    flops = between(*(memo[device_key(b, profile)]["flops_per_step"] // b.accumulation.steps for b in bases), m)
+    low, high = (memo[device_key(b, profile)] for b in bases)
+    traced = on_line(low, high, m)
+    flops = between(*(t.flops_per_step // b.accumulation.steps for t, b in zip((low, high), bases)), m)
     if traced is None or flops is None:
         return estimate_job(job, profile, memo)
-    memo[key] = for_gpu({**traced, "flops_per_step": flops * job.accumulation.steps, "derived_from": BASES}, profile)
+    derived_trace = dataclasses.replace(traced, flops_per_step=flops * job.accumulation.steps, derived_from=BASES)
+    memo[key] = for_gpu(derived_trace, profile)
     return assemble(job, profile, build_setup(job, profile), memo[key], started)
 
 
 def derived(job: Config, profile: HardwareConf, memo: dict) -> bool:
-    return bool(memo.get(device_key(job, profile), {}).get("derived_from"))
+    traced = memo.get(device_key(job, profile))
+    return traced is not None and bool(traced.derived_from)
 
 
 def between(a, b, m: int) -> int | None:
@@ -63,72 +71,92 @@ def between(a, b, m: int) -> int | None:
     return num // (hi - lo) if num % (hi - lo) == 0 and num >= 0 else None
 
 
-def on_line(low: dict, high: dict, m: int) -> dict | None:
+def on_line(low: Trace, high: Trace, m: int) -> Trace | None:
     """The traced step at m from the bases' traced steps, or None where they do not line up."""
-    if "events" not in low or "events" not in high or low["categories"] != high["categories"]:
+    if low.events is None or high.events is None or low.categories != high.categories:
         return None
-    events = lined_up(low["events"], high["events"], m, key=lambda e: e[:2])
-    sequence = lined_up(low["roofline_sequence"], high["roofline_sequence"], m, key=lambda op: op[:2], sizes=(2, 3))
-    products = products_at(low.get("roofline_products") or [], high.get("roofline_products") or [], m)
+    events = events_at(low.events, high.events, m)
+    sequence = sequence_at(low.roofline_sequence, high.roofline_sequence, m)
+    products = products_at(low.roofline_products, high.roofline_products, m)
     if events is None or sequence is None or products is None:
         return None
-    reductions = {key: (shape_at(spec[0], high["reductions"][key][0], m), *spec[1:])
-                  for key, spec in low.get("reductions", {}).items()}
-    if any(spec[0] is None for spec in reductions.values()):
+    reductions = {key: reduction._replace(shape=shape_at(reduction.shape, high.reductions[key].shape, m))
+                  for key, reduction in low.reductions.items()}
+    if any(reduction.shape is None for reduction in reductions.values()):
         return None
-    reading = capture.tensor_reading(events, low["categories"])
     # the allocator's reading is made for the GPU at hand (trace.for_gpu): its kernels' scratch depends on it
-    kept = {k: v for k, v in low.items() if k not in PER_GPU}
-    return {**kept, **reading, "optimizer_bytes": low["optimizer_bytes"], "recorded_peak_bytes": reading["peak_bytes"],
-            "events": events, "reductions": reductions, "roofline_sequence": sequence, "roofline_products": products,
-            "roofline_ops": [[*k, n] for k, n in sorted(Counter(sequence).items())]}
+    traced = dataclasses.replace(
+        low.for_any_gpu(), **dataclasses.asdict(capture.tensor_reading(events, low.categories)), events=events,
+        reductions=reductions, roofline_sequence=sequence, roofline_products=products,
+        roofline_ops=[CountedOp(*cost, n) for cost, n in sorted(Counter(sequence).items())])
+    traced.optimizer_bytes = low.optimizer_bytes  # the optimizer's own state, the same at every m
+    traced.recorded_peak_bytes = traced.peak_bytes
+    return traced
 
 
-def products_at(low: list, high: list, m: int) -> list | None:
+def products_at(low: list[CountedProduct], high: list[CountedProduct], m: int) -> list[CountedProduct] | None:
     """The step's products (estimate/products.reading) at m: each operand's sizes and strides, FLOPs and bytes
     on their lines; None where the two lists do not line up."""
     if len(low) != len(high):
         return None
     out = []
     for a, b in zip(low, high):
-        if a[:2] != b[:2] or a[3] != b[3] or a[6] != b[6] or len(a[2]) != len(b[2]):
+        if (a.phase, a.op, a.dtype, a.times) != (b.phase, b.op, b.dtype, b.times) or len(a.operands) != len(b.operands):
             return None
-        operands = []
-        for (name, x), (other, y) in zip(a[2], b[2]):
-            if name != other or isinstance(x, tuple) != isinstance(y, tuple) or (not isinstance(x, tuple) and x != y):
-                return None
-            tensor = isinstance(x, tuple)
-            sizes = [shape_at(x[i], y[i], m) if len(x[i]) == len(y[i]) else None for i in (1, 2)] if tensor else []
-            if None in sizes or (tensor and x[3] != y[3]):
-                return None
-            operands.append((name, (x[0], *sizes, x[3]) if tensor else x))
-        flops, moved = between(a[4], b[4], m), between(a[5], b[5], m)
-        if flops is None or moved is None:
+        operands = operands_at(a.operands, b.operands, m)
+        flops, moved = between(a.flops, b.flops, m), between(a.moved, b.moved, m)
+        if operands is None or flops is None or moved is None:
             return None
-        out.append([a[0], a[1], tuple(operands), a[3], flops, moved, a[6]])
+        out.append(a._replace(operands=operands, flops=flops, moved=moved))
     return out
 
 
+def operands_at(low: tuple[Operand, ...], high: tuple[Operand, ...], m: int) -> tuple[Operand, ...] | None:
+    """A product's operands at m: each tensor's shape and strides on their lines, the rest the same at both
+    bases; None where they are not."""
+    out = []
+    for a, b in zip(low, high):
+        tensor = isinstance(a.value, TensorSpec)
+        if a.name != b.name or tensor != isinstance(b.value, TensorSpec) or (not tensor and a.value != b.value):
+            return None
+        if tensor:
+            shape, strides = shape_at(a.value.shape, b.value.shape, m), shape_at(a.value.strides, b.value.strides, m)
+            if shape is None or strides is None or a.value.dtype != b.value.dtype:
+                return None
+            a = a._replace(value=a.value._replace(shape=shape, strides=strides))
+        out.append(a)
+    return tuple(out)
+
+
 def shape_at(low: tuple, high: tuple, m: int) -> tuple | None:
-    """A reduction's input shape at m from its shapes at the bases (its batch dimensions on their lines)."""
+    """A shape (or strides) at m from its values at the bases (its batch dimensions on their lines)."""
     sizes = tuple(between(a, b, m) for a, b in zip(low, high))
     return None if len(low) != len(high) or None in sizes else sizes
 
 
-def lined_up(low: list, high: list, m: int, key, sizes=(2,)) -> list | None:
-    """The entries at m, each size (at the positions `sizes` of an entry with them) on its line; None where
-    the two lists differ in anything but those sizes."""
+def events_at(low: list[Event], high: list[Event], m: int) -> list[Event] | None:
+    """The recorded step at m: each allocation's bytes on its line; None where the two recordings differ in
+    anything else (the same events, blocks and marks in the same order)."""
     if len(low) != len(high):
         return None
     out = []
     for a, b in zip(low, high):
-        if key(a) != key(b) or len(a) != len(b):
+        nbytes = between(a.nbytes, b.nbytes, m)
+        if a._replace(nbytes=0) != b._replace(nbytes=0) or nbytes is None:
             return None
-        entry = list(a)
-        for i in sizes:
-            if i < len(a):
-                entry[i] = between(a[i], b[i], m)
-                if entry[i] is None:
-                    return None
-        out.append(tuple(entry))
+        out.append(a._replace(nbytes=nbytes))
+    return out
+
+
+def sequence_at(low: list[OpCost], high: list[OpCost], m: int) -> list[OpCost] | None:
+    """The step's ops in order at m: each op's FLOPs and bytes moved on their lines; None where the two
+    sequences differ in anything else (the same ops, phases and dtypes in the same order)."""
+    if len(low) != len(high):
+        return None
+    out = []
+    for a, b in zip(low, high):
+        flops, moved = between(a.flops, b.flops, m), between(a.moved, b.moved, m)
+        if (a.phase, a.dtype) != (b.phase, b.dtype) or flops is None or moved is None:
+            return None
+        out.append(a._replace(flops=flops, moved=moved))
     return out

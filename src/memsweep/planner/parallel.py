@@ -33,7 +33,8 @@ def _start() -> None:
     torch.set_num_threads(1)  # one process per CPU: a worker's ops on one thread
 
 
-def _run(task: tuple) -> tuple[int, list[dict], list[str]]:
+def _run(task: tuple) -> tuple[int, list, list[str]]:
+    """A unit searched in this worker: its index, its rows (search.PlanRow) and its progress lines."""
     index, search_unit, job, unit = task
     lines: list[str] = []
     return index, search_unit(job, unit, _memo, lines.append), lines

@@ -3,9 +3,11 @@ refuses; printed (the top N per GPU) and written whole as plan.csv and plan.md. 
 lower bound (its step leaves a part untimed: a host optimizer step, collectives with no link figure) ranks
 after every row whose time is whole, shown as ">= s": its place among them is not known."""
 import csv
+import dataclasses
 from pathlib import Path
 
-from . import space
+from .depth import Figures
+from .search import PlanRow
 
 GIB = 2**30
 ORDER = {"fits": 0, "does not fit": 1, "error": 2, "refused": 3}
@@ -13,57 +15,67 @@ COLUMNS = ("gpu", "rank", "status", "precision", "optim", "checkpointing", "lora
            "accumulation", "device_gib", "margin_gib", "step_s", "tokens_per_s", "changes", "method", "reason")
 
 
-def ranked(rows: list[dict]) -> list[dict]:
+def ranked(rows: list[PlanRow]) -> list[PlanRow]:
     """Per GPU: fitting rows by predicted step time (those whose time is a lower bound after them, then those
-    without one), then the others."""
-    def key(r):
-        return (r["gpu"], ORDER[r["status"]], r.get("step_s") is None, bool(r.get("time_note")),
-                r.get("step_s") or 0.0, -(r.get("margin_bytes") or 0))
-
+    without one), then the others; each fitting row with its rank."""
     out, seen = [], {}
-    for row in sorted(rows, key=key):
-        seen[row["gpu"]] = seen.get(row["gpu"], 0) + 1
-        out.append({**row, "rank": seen[row["gpu"]] if row["status"] == "fits" else None})
+    for row in sorted(rows, key=order):
+        seen[row.gpu] = seen.get(row.gpu, 0) + 1
+        out.append(dataclasses.replace(row, rank=seen[row.gpu] if row.status == "fits" else None))
     return out
 
 
-def cells(row: dict) -> dict:
-    def gib(key):
-        return None if row.get(key) is None else round(row[key] / GIB, 2)
-
-    return {"gpu": row["gpu"], "rank": row["rank"], "status": row["status"], "precision": row["precision"],
-            "optim": row["optim"], "checkpointing": row["checkpointing"], "lora": row["lora"],
-            "placement": placement(row),
-            "micro_batch": row["micro_batch"], "accumulation": row["accumulation"], "device_gib": gib("total_bytes"),
-            "margin_gib": gib("margin_bytes"),
-            "step_s": None if row.get("step_s") is None else round(row["step_s"], 4),
-            "tokens_per_s": None if row.get("tokens_per_s") is None else round(row["tokens_per_s"]),
-            "changes": row["changes"], "method": row.get("method", ""), "reason": row.get("reason", "")}
+def order(row: PlanRow) -> tuple:
+    """A row's place: its GPU, its status, then a time (whole before a lower bound before none), the fastest
+    first, the larger margin first."""
+    figures = row.figures
+    if figures is None:  # nothing traced: no time, no margin
+        return row.gpu, ORDER[row.status], True, False, 0.0, 0
+    return (row.gpu, ORDER[row.status], figures.step_s is None, bool(figures.time_note), figures.step_s or 0.0,
+            -(figures.margin_bytes or 0))
 
 
-def placement(row: dict) -> str:
-    """Where the state lives, as the overrides that say so ("none": every process holds it all on its GPU)."""
-    return " ".join(f"{g}={row[g]}" for g in space.PLACEMENT if row.get(g, "none") != "none") or "none"
+def cells(row: PlanRow) -> dict:
+    """A row as plan.csv writes it: one cell per column."""
+    combo = row.combination
+    return {"gpu": row.gpu, "rank": row.rank, "status": row.status, "precision": combo.precision,
+            "optim": combo.optim, "checkpointing": combo.checkpointing, "lora": combo.lora,
+            "placement": combo.placement.overrides, "micro_batch": row.micro_batch, "accumulation": row.accumulation,
+            **figure_cells(row.figures), "changes": combo.changes, "method": row.method, "reason": row.reason}
 
 
-def displayed(row: dict) -> dict:
+def figure_cells(figures: Figures | None) -> dict:
+    """The cells of a row's figures, rounded as shown (all empty where nothing was traced)."""
+    if figures is None:
+        return {"device_gib": None, "margin_gib": None, "step_s": None, "tokens_per_s": None}
+    return {"device_gib": gib(figures.total_bytes), "margin_gib": gib(figures.margin_bytes),
+            "step_s": None if figures.step_s is None else round(figures.step_s, 4),
+            "tokens_per_s": None if figures.tokens_per_s is None else round(figures.tokens_per_s)}
+
+
+def gib(size: int | None) -> float | None:
+    return None if size is None else round(size / GIB, 2)
+
+
+def displayed(row: PlanRow) -> dict:
     """A row's cells as the markdown shows them: a time that is a lower bound as ">= s" (its throughput "<=")."""
     out = cells(row)
-    if row.get("time_note") and out["step_s"] is not None:
+    if row.figures is not None and row.figures.time_note and out["step_s"] is not None:
         out["step_s"], out["tokens_per_s"] = f">= {out['step_s']}", f"<= {out['tokens_per_s']}"
     return out
 
 
-def markdown(rows: list[dict], top=None) -> str:
+def markdown(rows: list[PlanRow], top=None) -> str:
     lines = []
-    for gpu in dict.fromkeys(r["gpu"] for r in rows):
-        mine = [displayed(r) for r in rows if r["gpu"] == gpu]
-        fitting = sum(r["status"] == "fits" for r in mine)
+    for gpu in dict.fromkeys(r.gpu for r in rows):
+        mine = [r for r in rows if r.gpu == gpu]
+        fitting = sum(r.status == "fits" for r in mine)
         shown = mine[:top] if top else mine
         lines += [f"### {gpu}: {fitting} of {len(mine)} combinations fit" + (
             f" (first {len(shown)} shown)" if len(shown) < len(mine) else ""), "",
             "| " + " | ".join(COLUMNS[1:]) + " |", "|" + "---|" * (len(COLUMNS) - 1)]
-        lines += ["| " + " | ".join("" if r[c] is None else str(r[c]) for c in COLUMNS[1:]) + " |" for r in shown]
+        said = [displayed(r) for r in shown]
+        lines += ["| " + " | ".join("" if r[c] is None else str(r[c]) for c in COLUMNS[1:]) + " |" for r in said]
         lines.append("")
     return "\n".join(lines)
 
@@ -80,7 +92,7 @@ HEADER = ("Predicted, not measured. device_gib: what nvidia-smi would show (the 
           "says what is not timed; such rows rank after those timed whole. method: how the memory was traced.\n\n")
 
 
-def write(rows: list[dict], out: Path, top: int, title: str) -> str:
+def write(rows: list[PlanRow], out: Path, top: int, title: str) -> str:
     """plan.csv and plan.md (every row), and the text to print (the top rows per GPU)."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "plan.csv", "w", newline="") as f:

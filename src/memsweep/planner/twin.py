@@ -14,6 +14,7 @@ import time
 
 from ..config.schema import Config, HardwareConf, PrecisionName
 from ..estimate.core import assemble, device_key
+from ..estimate.products import Operand, TensorSpec
 from ..estimate.trace import readable_on
 from ..run.setup import build_setup
 
@@ -33,11 +34,11 @@ def twin_of(job: Config) -> Config | None:
     return None if other is None else dataclasses.replace(job, precision=dataclasses.replace(job.precision, name=other))
 
 
-def retyped(operands: tuple, theirs: str, ours: str) -> tuple:
+def retyped(operands: tuple[Operand, ...], theirs: str, ours: str) -> tuple[Operand, ...]:
     """A product's operands (products.operands) with the twin's 2-byte dtype read as ours."""
     names = {"fp16": "float16", "bf16": "bfloat16"}
-    return tuple((name, (*value[:3], names[ours] if value[3] == names[theirs] else value[3])
-                  if isinstance(value, tuple) else value) for name, value in operands)
+    return tuple(o._replace(value=o.value._replace(dtype=names[ours]))
+                 if isinstance(o.value, TensorSpec) and o.value.dtype == names[theirs] else o for o in operands)
 
 
 def from_twin(job: Config, profile: HardwareConf, memo: dict):
@@ -47,14 +48,14 @@ def from_twin(job: Config, profile: HardwareConf, memo: dict):
     if traced is None or not readable_on(traced, profile):
         return None
     ours, theirs = (p.value for p in (job.precision.name, twin.precision.name))
-    def relabel(phase, key, *rest) -> tuple:  # an op's record, timed at our dtype's rate
-        return (phase, ours if key == theirs else key, *rest)
 
-    ops = [list(relabel(*op)) for op in traced["roofline_ops"]]
-    sequence = [relabel(*op) for op in traced.get("roofline_sequence") or []]
-    products = [[phase, op, retyped(operands, theirs, ours), *relabel(phase, key, *rest)[1:]]
-                for phase, op, operands, key, *rest in traced.get("roofline_products") or []]
-    relabelled = {**traced, "roofline_ops": ops, "roofline_sequence": sequence, "roofline_products": products,
-                  "twin": theirs}
+    def relabel(record):  # an op's or a product's record, timed at our dtype's rate
+        return record._replace(dtype=ours) if record.dtype == theirs else record
+
+    ops = [relabel(op) for op in traced.roofline_ops]
+    sequence = [relabel(op) for op in traced.roofline_sequence]
+    products = [relabel(p._replace(operands=retyped(p.operands, theirs, ours))) for p in traced.roofline_products]
+    relabelled = dataclasses.replace(traced, roofline_ops=ops, roofline_sequence=sequence,
+                                     roofline_products=products, twin=theirs)
     memo[device_key(job, profile)] = relabelled
     return assemble(job, profile, build_setup(job, profile), relabelled, started)
