@@ -1,16 +1,13 @@
 """`make bench`: what memsweep costs, measured side by side in one run; appended to benchmarks/RESULTS.md.
 
-1. Framework overhead: the same training (embedded MiniLM, the default 5,000-tweet train subset,
-   batch 32, max_seq_len 64, seed 42, same steps) through `python train.py`, a hand-written loop
-   (plain_loop.py) and stock Trainer (plain_trainer.py), fp32 and bf16, arms alternating
-   (A B C, then C B A, ...). Per optimizer step (median of steps 3..N: step 1 is warm-up, step 2 is
-   memsweep's memory-ledger step) and start-up (process start to the first step).
-   What memsweep adds to a step, counted in one run rather than timed across processes
-   (own_cost.py): its own Python code per step and the W&B writer's CPU time.
+1. Framework overhead: the same default training through `python train.py`, a hand-written loop
+   (plain_loop.py) and stock Trainer (plain_trainer.py), fp32 and bf16, per step and start-up; and what
+   memsweep adds to a step, counted in one run (own_cost.py).
 2. Sweep efficiency: a 6-job `-m` sweep in one process against the same 6 jobs as separate processes.
-3. Hardware efficiency: training FLOP/s against a matmul timed in the same process (hw_efficiency.py),
-   with a profile of where fp32 time goes when it is under 50 % of the ceiling.
+3. Hardware efficiency: training FLOP/s against a matmul timed in the same process (hw_efficiency.py).
 4. `python train.py --help` and `--cfg job` response times.
+
+Method of each section: docs/guide/benchmarks.md.
 """
 import argparse
 import datetime as dt
@@ -54,7 +51,8 @@ def env() -> dict[str, str]:
     e = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", WANDB_SILENT="true",
              HF_HUB_DISABLE_TELEMETRY="1")
     e.setdefault("WANDB_MODE", "offline")
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE)] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE)]
+                                      + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
     return e
 
 
@@ -219,8 +217,8 @@ def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cl
     if over:
         lines += [f"### Framework overhead ({args.steps} optimizer steps per run, {args.repeats} runs per arm, "
                   "arms alternating)", "",
-                  f"Every arm: embedded MiniLM, the default train subset ({defaults['train_examples']} tweets, exported "
-                  f"once to JSONL for the baselines), batch {defaults['batch_size']}, max_seq_len "
+                  f"Every arm: embedded MiniLM, the default train subset ({defaults['train_examples']} tweets, "
+                  f"exported once to JSONL for the baselines), batch {defaults['batch_size']}, max_seq_len "
                   f"{defaults['max_seq_len']}, seed {defaults['seed']}, fused AdamW lr {defaults['lr']}, linear decay, "
                   "clipping 1.0, batches in the same seeded random order padded to their longest sequence. memsweep "
                   "runs with `dataloader.group_by_length=false` (its default length buckets would give it "
@@ -229,7 +227,8 @@ def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cl
                   "ends, median of steps 3..N (step 1 warm-up; step 2 is memsweep's ledger step, padded to "
                   "max_seq_len and traced, and is left out in every arm). Start-up = process start to the first "
                   "step. Values: median over runs of each run's median.", "",
-                  "| dtype | arm | s/step | start-up s | runs | tokens trained (all runs) |", "|---|---|---|---|---|---|"]
+                  "| dtype | arm | s/step | start-up s | runs | tokens trained (all runs) |",
+                  "|---|---|---|---|---|---|"]
         dtypes = args.dtypes.split(",")
         for dtype in dtypes:
             for arm in ARMS:
@@ -259,7 +258,8 @@ def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cl
                 lines.append(f"start-up vs {label} ({dtype}): {ratio:.2f}x")
         lines.append("")
     if own:
-        lines += [f"### What memsweep adds to a step, counted in one run ({args.steps} optimizer steps, default job)", "",
+        lines += [f"### What memsweep adds to a step, counted in one run ({args.steps} optimizer steps, "
+                  "default job)", "",
                   "The ratios above compare processes run minutes apart, and two identical runs on this machine "
                   "can differ by more than the targets. This counts what a memsweep step runs that a stock Trainer "
                   "step does not (benchmarks/own_cost.py), over the steps after the memory-ledger step: the self "
@@ -276,7 +276,8 @@ def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cl
         for r in own:
             added = r["own_share"] + r["wandb_cpu_share_of_machine"]
             lines.append(f"counted memsweep work per step ({r['dtype']}): {100 * added:.2f} % "
-                         f"(own code {100 * r['own_share']:.3f} %, W&B writer {100 * r['wandb_cpu_share_of_machine']:.2f} %)")
+                         f"(own code {100 * r['own_share']:.3f} %, "
+                         f"W&B writer {100 * r['wandb_cpu_share_of_machine']:.2f} %)")
         lines.append("")
     if sweeps:
         multi = statistics.median(w["wall_s"] for w in sweeps if w["how"] == "multirun")
@@ -296,7 +297,8 @@ def report(args, info, defaults, load_start, load_end, over, own, sweeps, hw, cl
                   "Training FLOP/s = FLOPs of one step (FlopCounterMode; attention added analytically when the "
                   "fused CPU SDPA kernel hides it) / median step time of a hand-written step; ceiling = a "
                   "2048^3 `torch.mm` in the same dtype timed in the same process.", "",
-                  "| dtype | GFLOP/step | s/step | training GFLOP/s | matmul ceiling GFLOP/s |", "|---|---|---|---|---|"]
+                  "| dtype | GFLOP/step | s/step | training GFLOP/s | matmul ceiling GFLOP/s |",
+                  "|---|---|---|---|---|"]
         for r in hw["results"]:
             lines.append(f"| {r['dtype']} | {r['flops_per_step'] / 1e9:.1f} | {r['step_s_median']:.3f} | "
                          f"{r['train_flops_per_s'] / 1e9:.1f} | {r['mm_ceiling_flops_per_s'] / 1e9:.0f} |")
@@ -330,13 +332,15 @@ def main() -> None:
     sweeps = sweep(args, work) if "sweep" in sections else []
     hw = hardware(args, work, model_dir) if "hw" in sections else None
     cli = cli_times(work) if "cli" in sections else None
-    (work / "raw.json").write_text(json.dumps({"overhead": over, "account": own, "sweep": sweeps, "hw": hw, "cli": cli}, indent=2))
+    (work / "raw.json").write_text(json.dumps({"overhead": over, "account": own, "sweep": sweeps, "hw": hw, "cli": cli},
+                                              indent=2))
     text = report(args, info, defaults, load_start, os.getloadavg()[0], over, own, sweeps, hw, cli, started)
     print("\n" + text)
     if not args.dry_results:
         results = Path(args.results)
         if not results.exists():
-            results.write_text("# Benchmark results\n\nAppended by `make bench` (benchmarks/bench.py); newest last.\n\n")
+            results.write_text("# Benchmark results\n\n"
+                               "Appended by `make bench` (benchmarks/bench.py); newest last.\n\n")
         with open(results, "a") as f:
             f.write(text)
         print(f"[bench] appended to {results}; raw numbers in {work / 'raw.json'}")

@@ -121,7 +121,8 @@ def litgpt_job(row: dict[str, Any], gpus: int) -> Job:
 # --- torchtune tutorials: Llama-2-7B LoRA / QLoRA, batch 2, 512 tokens ------------------------------
 
 # q and v, or every linear of the blocks and the output head
-TORCHTUNE_TARGETS = {"q_proj, v_proj": ATTENTION, "q_proj, k_proj, v_proj, output_proj, MLP": ALL_LINEAR[:-1] + ",lm_head]"}
+TORCHTUNE_TARGETS = {"q_proj, v_proj": ATTENTION,
+                     "q_proj, k_proj, v_proj, output_proj, MLP": ALL_LINEAR[:-1] + ",lm_head]"}
 
 
 def _torchtune_llama2(rank: int, alpha: int, targets: str) -> Job:

@@ -77,7 +77,8 @@ def rows(model: str, jobs: list[sweepdir.SweepJob]) -> list[dict[str, Any]]:
             row[f"{name} measured GiB"] = _gib(measured)
             row[f"{name} error"] = _error(predicted, measured)
         # the safe side of packing, which fits and autofit use: it should not be below the measured reserved
-        row["reserved upper error"] = _error(job.get("estimate.reserved_upper_bytes"), job.get("memory.cuda_max_reserved"))
+        row["reserved upper error"] = _error(job.get("estimate.reserved_upper_bytes"),
+                                             job.get("memory.cuda_max_reserved"))
         row["context measured GiB"] = _gib(job.get("memory.cuda_context_bytes"))  # "used" beside the allocator
         step, predicted = job.get("time.step_s_median"), job.get("estimate.predicted_step_s")
         row["ms/step"] = "–" if step is None else f"{step * 1e3:.1f}"
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu-check: " + " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=ROOT)  # a failed job is a row; the sweep's own exit code is not ours
         all_rows += rows(model, sweepdir.collect(sweep_dir))
-        label = "make gpu-check" if args.models == ",".join(MODELS) else f"benchmarks/gpu_check.py --models {args.models}"
+        label = ("make gpu-check" if args.models == ",".join(MODELS)
+                 else f"benchmarks/gpu_check.py --models {args.models}")
         write_report(args.out, all_rows, gpu, label)  # after each model: a cut-short run keeps its rows
     print(f"gpu-check: {args.out}")
     return 0

@@ -3,13 +3,8 @@
     python benchmarks/host_per_op.py --out src/memsweep/estimate/host_per_op.json
     python benchmarks/host_per_op.py --check     # this CPU's ratios against the committed file's; exit 1 if off
 
-Each architecture (transformers' model type) built at tiny widths (hidden 32, 2 heads, MLP 64, vocabulary 256,
-images of four patches) and 12 blocks, as its task builds it (a sequence classifier, a causal LM, an image
-classifier), stepped forward and backward on one sample (8 tokens), one thread: its time over the ops the roofline
-counts (measure/peak.launches), the median of 5 rounds of 0.5 s each, the architectures taking turns. At these
-widths an op does next to no work: what remains is modules' Python, autograd and the dispatcher, which a GPU's
-host pays the same way before it launches the kernel. The estimator reads each architecture's cost relative to
-BERT's (the architecture whose steps the GPU's 42 us per op was measured on, estimate/roofline.py).
+Each architecture stepped at tiny widths, where an op does next to no work, one thread: its time over the ops
+the roofline counts, relative to BERT's. Method: docs/guide/benchmarks.md.
 """
 import argparse
 import datetime

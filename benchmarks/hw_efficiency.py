@@ -27,7 +27,8 @@ MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::ma
 CPU_SDPA = "aten::_scaled_dot_product_flash_attention_for_cpu"
 OP_MEANING = {"aten::bernoulli_": "dropout masks", "aten::copy_": "copies and dtype casts",
               "aten::mul": "element-wise: dropout scaling, AdamW", "aten::add_": "element-wise: AdamW, residuals",
-              "aten::sqrt": "AdamW", "aten::mul_": "AdamW", "aten::addcdiv_": "AdamW", "aten::lerp_": "AdamW", "aten::div_": "AdamW, dropout",
+              "aten::sqrt": "AdamW", "aten::mul_": "AdamW", "aten::addcdiv_": "AdamW", "aten::lerp_": "AdamW",
+              "aten::div_": "AdamW, dropout",
               "aten::sum": "bias gradients", "aten::native_layer_norm": "layer norm",
               "aten::native_layer_norm_backward": "layer norm", "aten::gelu": "GELU", "aten::gelu_backward": "GELU",
               "aten::_softmax": "softmax", "aten::_softmax_backward_data": "softmax",

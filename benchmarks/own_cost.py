@@ -1,21 +1,11 @@
 """What memsweep itself adds to each training step, counted inside one run instead of timed across processes.
 
-The overhead section compares wall-clock time between processes minutes apart; on a shared 2-core
-machine two identical runs differ by up to ~20 %, more than the 1-3 % targets. This counts directly
-what a memsweep step runs that a stock Trainer step does not (1, 2), and checks what the ledger leaves (3):
+Two runs on a shared machine differ by more than the overhead targets, so this counts directly: memsweep's
+own Python code per step (self time under cProfile, an upper bound), the W&B writer's CPU seconds, and the
+calls into torch's memory and module trackers after the memory-ledger step (hooks left installed).
+The job is the default one (`python train.py` with `max_steps`). Writes one JSON object to --out.
 
-1. memsweep's own Python code: every function defined under src/memsweep (the callbacks and the
-   Trainer overrides) and its self time under cProfile, over the steps after the memory-ledger step.
-   Self time only: the torch and transformers work those functions call is the stock step's own.
-   cProfile slows Python calls, so this is an upper bound.
-2. The W&B writer (a separate `wandb-core` process): its CPU seconds over the same steps.
-3. What the ledger step leaves behind: calls into torch's memory and module trackers
-   (torch.distributed._tools, torch.utils.module_tracker) after it. Hooks left installed would call
-   them on every step; the few weakref callbacks of tensors made during the ledger step and freed
-   later call them once each.
-
-The job is the default one (`python train.py` with `max_steps`), built by memsweep's own code
-(train_loop.build) with its W&B run. Writes one JSON object to --out.
+Method: docs/guide/benchmarks.md.
 """
 import argparse
 import cProfile

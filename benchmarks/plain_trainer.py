@@ -1,8 +1,9 @@
 """Baseline: stock transformers Trainer, no subclass, the same training as memsweep's default.
 
-adamw_torch_fused (Trainer's default), lr 1e-4, weight decay 0, linear schedule, clipping 1.0, batch 32, one process on the
-CPU, `bf16=True` for bf16 (autocast); batches padded to the longest by DataCollatorWithPadding in
-Trainer's seeded random order; it counts non-padding tokens (as memsweep does). Step ends are recorded by a callback, as in memsweep.
+adamw_torch_fused (Trainer's default), lr 1e-4, weight decay 0, linear schedule, clipping 1.0, batch 32, one process
+on the CPU, `bf16=True` for bf16 (autocast); batches padded to the longest by DataCollatorWithPadding in
+Trainer's seeded random order; it counts non-padding tokens (as memsweep does). Step ends are recorded by a
+callback, as in memsweep.
 """
 import tempfile
 import time

@@ -2,19 +2,9 @@
 (estimate/roofline.py: each op's roofline, launched by the host), and whether a ladder's rows come out in
 the published order.
 
-Sources print time in their own ways; each is read as seconds per optimizer step:
-- `time_elapsed` ("17.94 min") over the row's `optimizer_steps`: a whole loop's wall time, so it includes
-  what the table's `time_basis` names beside the steps (an evaluation pass, data loading);
-- `time_per_step` ("1.27s/it");
-- `imgs_per_sec`: the step's images (micro-batch x accumulation) over it;
-- `toks_per_sec` / `tokens_per_sec`, and `tps_per_gpu` of a job of several GPUs: the step's tokens on one
-  GPU (the estimate's, which speaks per rank: micro-batch x accumulation x length) over it.
-A row that prints no time, or a word in its place ("OOM"), has none.
-
-What a `time_elapsed` loop does beside its steps is predicted too where the table states it: a validation pass
-of `timed_evaluation_examples` per epoch (its `epochs`), at the training micro-batch, split among the
-`num_gpus` ranks as a distributed sampler splits it: each batch one forward alone (the estimate's
-`forward_only_s`), added over the row's optimizer steps.
+Each source's time column (`time_elapsed`, `time_per_step`, `imgs_per_sec`, `toks_per_sec`, ...) is read as
+seconds per optimizer step; a loop's stated validation passes are predicted too.
+How each column is read: docs/guide/benchmarks.md.
 """
 import math
 import re

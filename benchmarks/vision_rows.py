@@ -75,10 +75,10 @@ def torchao_vit_giant(row: dict[str, Any], common: dict[str, Any]) -> Job:
     job = VIT + ["model=dinov2-giant", "+model.overrides.image_size=224", "hardware=rtx4090", "hardware.memory_gib=16",
                  "batch_size=32", f"precision={precision}", "optim=adamw_fused", "checkpointing=full",
                  f"offload={offload}", *engine]
-    return job, ("timm vit_giant_patch14_dinov2 as transformers' Dinov2 (model=dinov2-giant: the same blocks, SwiGLU MLP "
-                 "of 4096 and layer scale; timm packs gate and up in one matmul, transformers makes two, the same "
-                 "bytes); 224 x 224 crops, the script's, so 257 tokens (timm builds the 518-px model at 224 with "
-                 "`img_size=224`, its positions resampled); transformers' head reads the class token and the mean "
+    return job, ("timm vit_giant_patch14_dinov2 as transformers' Dinov2 (model=dinov2-giant: the same blocks, "
+                 "SwiGLU MLP of 4096 and layer scale; timm packs gate and up in one matmul, transformers makes two, "
+                 "the same bytes); 224 x 224 crops, the script's, so 257 tokens (timm builds the 518-px model at 224 "
+                 "with `img_size=224`, its positions resampled); transformers' head reads the class token and the mean "
                  "patch token (3,072 inputs) for a 10-class one where timm's reads the class token for 45 classes; "
                  "the RTX 4090 profile with the RTX 4070 Ti SUPER's 16 GiB"
                  + ("; traced eager (the source compiled the model)" if row.get("compile") else "") + caveat)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONF, compose_config, run_job
+from conftest import CONF, compose_config, no_work, run_job  # no_work: a conftest fixture, re-exported
 from memsweep.errors import ConfigError
 
 ERROR = re.compile(r"^memsweep: error: ([\w.]+): ")
@@ -57,21 +57,6 @@ def search_start(args: list[str]) -> int:
     with pytest.raises(SystemExit) as stop:  # a search that is not refused would go on to its trials
         SweepReport().on_multirun_start(cfg)
     return stop.value.code
-
-
-@pytest.fixture
-def no_work(monkeypatch, checks_imported):
-    """Nothing is loaded, trained or estimated: bad input is refused before any of it."""
-    from memsweep.app import estimate as cli
-    from memsweep.estimate import core
-    from memsweep.run import model, train_loop
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("work started before the input was refused")
-
-    for owner, name in ((model, "load_model"), (train_loop, "train_and_evaluate"), (core, "run_estimate"),
-                        (cli, "run_estimate")):
-        monkeypatch.setattr(owner, name, refuse)
 
 
 def refusal(run, capsys) -> tuple[int, list[str], str, float]:

@@ -59,7 +59,8 @@ def test_a_tiny_decoder_is_built_from_its_keys_and_a_shipped_config_takes_overri
 
 
 @pytest.mark.parametrize("cfg,key,says", [
-    (ModelConf(name="x", source=ModelSource.hub, path="nobody/nothing", config="nosuch"), "model.config", "llama-3.1-8b"),
+    (ModelConf(name="x", source=ModelSource.hub, path="nobody/nothing", config="nosuch"), "model.config",
+     "llama-3.1-8b"),
     (ModelConf(name="x", source=ModelSource.hub, path="nobody/nothing"), "model.config", "qwen2.5-7b"),
     (ModelConf(name="x", source=ModelSource.tiny, architecture="nosuchmodel"), "model.architecture", "llama"),
 ])

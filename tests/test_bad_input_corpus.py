@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from surfaces import assert_refused, estimate_cli, no_work, refusal, search_start, train_py  # noqa: F401 - a fixture
+from surfaces import assert_refused, estimate_cli, refusal, search_start, train_py
 
 SMALL = ["data.train_size=256", "data.eval_size=100", "logger=none"]
 DECODER = ["model=tiny-llama", "task=causal_lm"]

@@ -41,7 +41,7 @@ def test_library_warnings_go_to_the_log_and_each_line_shows_once(job_logging):
     console.library_noise_to_log()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.warn("`is_gradient_checkpointing` is deprecated", FutureWarning)
+        warnings.warn("`is_gradient_checkpointing` is deprecated", FutureWarning, stacklevel=1)
     logging.getLogger("bitsandbytes.backends.cpu.ops").warning("Failed to load CPU gemm_4bit_forward from "
                                                                "kernels-community")
     logging.getLogger("peft.tuners").warning("Some weights were not initialized")

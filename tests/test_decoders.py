@@ -15,11 +15,11 @@ from conftest import THREADS, build_job, run_job
 # One worker runs the whole module (`make test`: --dist loadgroup), so its module fixture's jobs run once.
 pytestmark = pytest.mark.xdist_group("decoders")
 
-V, H, I, LAYERS = 30522, 64, 128, 2  # tiny-llama: vocabulary, hidden, MLP width, blocks
+V, H, FF, LAYERS = 30522, 64, 128, 2  # tiny-llama: vocabulary, hidden, MLP width, blocks
 KV = 2 * (H // 4)  # key/value width: 2 KV heads of head dim 16 (grouped-query attention)
 TABLE = V * H  # the token embedding, and as many in tiny-llama's own (untied) lm_head
 ATTENTION = H * H + 2 * H * KV + H * H  # q, k, v, o (no biases)
-MLP = 3 * H * I  # gate, up, down
+MLP = 3 * H * FF  # gate, up, down
 BLOCK = ATTENTION + MLP + 2 * H  # and its two RMSNorms
 PARAMS = 2 * TABLE + LAYERS * BLOCK + H  # embedding, blocks, final norm, lm_head
 R = 8  # lora=r8
@@ -74,7 +74,7 @@ def test_lora_adapts_q_k_v_of_every_block_and_drops_the_optimizer_state(tmp_path
 def test_all_linear_adapts_every_linear_layer_of_the_blocks_not_the_head(tmp_path):
     res = job(tmp_path, "lora=r8", "lora.target_modules=all-linear")
     eff = res["effective"]
-    per_block = lora_params((H, H), (H, KV), (H, KV), (H, H), (H, I), (H, I), (I, H))
+    per_block = lora_params((H, H), (H, KV), (H, KV), (H, H), (H, FF), (H, FF), (FF, H))
     assert eff["lora_modules"] == 7 * LAYERS  # q, k, v, o, gate, up, down: against 3 (q, k, v) by default
     assert eff["trainable_params"] == LAYERS * per_block and eff["frozen_params"] == PARAMS
 

@@ -21,7 +21,8 @@ def fake_gpu(monkeypatch, name: str, gib: float, major: int, bf16: bool, minor: 
 
 @pytest.mark.parametrize("name, option", [("Tesla T4", "t4"), ("NVIDIA A10G", "a10g"),
                                           ("NVIDIA A100-SXM4-40GB", "a100_40gb"),
-                                          ("NVIDIA A100-SXM4-80GB", "a100_80gb"), ("NVIDIA A100 80GB PCIe", "a100_80gb"),
+                                          ("NVIDIA A100-SXM4-80GB", "a100_80gb"),
+                                          ("NVIDIA A100 80GB PCIe", "a100_80gb"),
                                           ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
                                           ("NVIDIA GeForce RTX 3090", "rtx3090"),
                                           ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA L4", "l4"),

@@ -17,14 +17,15 @@ def test_embedded_minilm_is_the_pretrained_22m_model():
 
 
 def test_tiny_is_built_from_the_config_keys():
-    cfg = ModelConf(source=ModelSource.tiny, architecture="bert", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    cfg = ModelConf(source=ModelSource.tiny, architecture="bert", hidden_size=64, num_layers=2, num_heads=2,
+                    intermediate_size=128)
     m = model.load_model(cfg, num_labels=3, load_kwargs={})
     assert m.config.num_hidden_layers == 2 and m.classifier.out_features == 3
 
 
 def test_hub_code_loads_a_local_model_folder(tmp_path):
-    tiny = model.load_model(ModelConf(source=ModelSource.tiny, architecture="bert", hidden_size=32, num_layers=1, num_heads=2,
-                                      intermediate_size=64), num_labels=2, load_kwargs={})
+    tiny = model.load_model(ModelConf(source=ModelSource.tiny, architecture="bert", hidden_size=32, num_layers=1,
+                                      num_heads=2, intermediate_size=64), num_labels=2, load_kwargs={})
     tiny.save_pretrained(tmp_path / "m")
     model.load_tokenizer(ModelConf()).save_pretrained(tmp_path / "m")
     cfg = ModelConf(source=ModelSource.hub, path=str(tmp_path / "m"))
@@ -85,8 +86,8 @@ def test_a_tiny_models_checkpoint_folder_goes_when_its_process_ends():
     from pathlib import Path
 
     code = ("from memsweep.run import model; from memsweep.config.schema import ModelConf, ModelSource; "
-            "m = model.load_model(ModelConf(source=ModelSource.tiny, architecture='bert', hidden_size=32, num_layers=1, "
-            "num_heads=2, intermediate_size=64), num_labels=2, load_kwargs={}); "
+            "m = model.load_model(ModelConf(source=ModelSource.tiny, architecture='bert', hidden_size=32, "
+            "num_layers=1, num_heads=2, intermediate_size=64), num_labels=2, load_kwargs={}); "
             "print(next(iter(model._TINY_DIRS.values())))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     folder = Path(out.stdout.strip().splitlines()[-1])

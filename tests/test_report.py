@@ -105,7 +105,8 @@ def test_every_job_has_a_row_with_its_status_and_reason_none_dropped(sweep):
     md = (sweep / "summary.md").read_text()
     assert "6 jobs (3 ok, 1 oom, 1 not started, 1 missing)" in md
     assert "job 3 (`precision=bf16 optim=adamw model=tiny`): **oom** — RuntimeError: DefaultCPUAllocator" in md
-    assert "job 4 (`precision=bf16 optim=sgd model=tiny`): **missing** — no complete results.json: the job was interrupted" in md
+    assert ("job 4 (`precision=bf16 optim=sgd model=tiny`): **missing** — no complete results.json: the job was "
+            "interrupted") in md
     assert "job 5 (`precision=bf16 optim=adafactor model=tiny`): **not started** — the job never started" in md
     assert "Common to every job: `model=tiny`" in md
     csv = pd.read_csv(sweep / "summary.csv")

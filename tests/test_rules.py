@@ -47,7 +47,8 @@ def test_fp64_meets_bitsandbytes_optimizers_only_where_their_kernels_take_it():
     # bitsandbytes' CPU optimizer steps fp64 gradients; its CUDA kernels (backends/cuda/ops.py) take fp32/fp16/bf16
     rules.refuse_unsupported(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=cpu"]))
     with pytest.raises(Unsupported, match="^fp64-with-bitsandbytes"):
-        rules.refuse_unsupported(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=a100_40gb"]), skip=("no-gpu",))
+        rules.refuse_unsupported(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=a100_40gb"]),
+                                 skip=("no-gpu",))
 
 
 def test_missing_bitsandbytes_refuses_quantized_lora(tmp_path, monkeypatch):

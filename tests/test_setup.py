@@ -51,5 +51,6 @@ def test_no_technique_reads_the_whole_job():
         path = TECHNIQUES / f"{group}.py"
         names = {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
         assert "job" not in names, f"{path.name} reads the job, not its own section and the setup"
-        apply = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "apply")
+        apply = next(n for n in ast.parse(path.read_text()).body
+                     if isinstance(n, ast.FunctionDef) and n.name == "apply")
         assert [a.arg for a in apply.args.args] == ["cfg", "setup"], path.name

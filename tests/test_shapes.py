@@ -62,7 +62,8 @@ def test_pad_to_multiple_of_must_divide_max_seq_len(tmp_path):
     assert done.value.code == 2
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["status"] == "failed"
-    assert res["reason"].startswith("bad input: data.pad_to_multiple_of: 8 must be a positive divisor of max_seq_len=60")
+    assert res["reason"].startswith("bad input: data.pad_to_multiple_of: 8 must be a positive divisor of "
+                                    "max_seq_len=60")
 
 
 def test_a_cpu_job_records_no_shape_advice(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT, TINY, run_job
 from memsweep.run import model
-from surfaces import assert_refused, estimate_cli, no_work, refusal, search_start, train_py  # noqa: F401 - a fixture
+from surfaces import assert_refused, estimate_cli, refusal, search_start, train_py
 
 README = str(ROOT / "README.md")
 
@@ -96,7 +96,7 @@ def test_in_a_sweep_bad_input_is_that_jobs_row(tmp_path, no_model_loads):
 
 
 # --- one table per class of mistake: each refused in one line naming the key, exit 2, in < 5 s, before any
-# model is loaded, trained or estimated (surfaces.no_work) --------------------------------------------------
+# model is loaded, trained or estimated (conftest.no_work) --------------------------------------------------
 
 DECODER = ["model=tiny-llama", "task=causal_lm"]
 
@@ -193,7 +193,8 @@ TRANSLATED = {
     "tweets read as utf-16": (["data.encoding=utf-16"], "data.encoding", "is not utf-16 text"),
     "empty text column": (["data=csv", "data.path={empty_text}"], "data.text_column", "has no text"),
     "class with one row": (["data=csv", "data.path={lonely}", "data.text_column=review", "data.label_column=stars",
-                            "data.eval_size=10", "data.train_size=null"], "data.label_column", "['pos'] of column 'stars' have fewer than 2"),
+                            "data.eval_size=10", "data.train_size=null"], "data.label_column",
+                           "['pos'] of column 'stars' have fewer than 2"),
     "interpolation typo": (["lr=${{optim.lrr}}"], "lr", "interpolates ${optim.lrr}, which is not a memsweep key"),
 }
 
@@ -241,7 +242,8 @@ def test_a_search_that_cannot_run_is_refused_before_its_first_trial(capsys, chec
         "budget below zero": (["search.max_peak_gib=-1"], "search.max_peak_gib", "null or a number > 0"),
     }
     for args, key, says in cases.values():
-        assert_refused(refusal(lambda: search_start(["-m", "hparams_search=optuna", *TINY, *args]), capsys), key, says)
+        assert_refused(refusal(lambda args=args: search_start(["-m", "hparams_search=optuna", *TINY, *args]), capsys),
+                       key, says)
 
 
 def test_the_direction_follows_the_metric():
@@ -258,7 +260,7 @@ def test_the_estimate_cli_runs_the_same_checks(tmp_path, capsys, no_work):
         "thousands separator in a grid": (["model=tiny", "max_seq_len=1,024"], "max_seq_len"),
     }
     for n, (args, key) in enumerate(cases.values()):
-        assert_refused(refusal(lambda: estimate_cli(args, tmp_path / str(n)), capsys), key)
+        assert_refused(refusal(lambda args=args, n=n: estimate_cli(args, tmp_path / str(n)), capsys), key)
 
 
 def test_a_launcher_whose_extra_is_not_installed_is_refused_in_one_line(monkeypatch):

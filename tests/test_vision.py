@@ -9,7 +9,7 @@ import torch
 
 from conftest import THREADS, build_job, job_of, run_job
 from memsweep.estimate import core
-from surfaces import assert_refused, no_work, refusal, train_py  # noqa: F401 - a fixture
+from surfaces import assert_refused, refusal, train_py
 
 ARCHS = Path(__file__).resolve().parents[1] / "src" / "memsweep" / "archs"
 
@@ -70,7 +70,8 @@ def test_a_frozen_encoder_has_gradients_of_the_head_only(jobs):
 
 def test_checkpointing_keeps_fewer_activations_selective_between_none_and_full(jobs):
     held = {name: jobs[name]["memory"]["activations_bytes"] for name in ("plain", "selective", "full")}
-    assert jobs["full"]["effective"]["checkpointed_layers"] == 2 == jobs["selective"]["effective"]["checkpointed_layers"]
+    assert jobs["full"]["effective"]["checkpointed_layers"] == 2 == \
+        jobs["selective"]["effective"]["checkpointed_layers"]
     assert held["full"] < held["selective"] < held["plain"], held
 
 
@@ -89,7 +90,8 @@ def test_the_trace_predicts_the_measured_peak_within_5_percent(jobs, name):
     assert est["breakdown"]["params"] == mem["params_bytes"] and est["optimizer_bytes"] == mem["optimizer_bytes"]
 
 
-@pytest.mark.parametrize("model, params", [("vit-b16", 85.8e6), pytest.param("vit-l16", 303.3e6, marks=pytest.mark.slow),
+@pytest.mark.parametrize("model, params", [("vit-b16", 85.8e6),
+                                           pytest.param("vit-l16", 303.3e6, marks=pytest.mark.slow),
                                            pytest.param("vit-h14", 630.8e6, marks=pytest.mark.slow)])
 def test_the_hub_vits_are_estimated_offline_from_their_shipped_architecture(model, params):
     # ViT-B/16, L/16, H/14 without the pooler, with a 10-digit head

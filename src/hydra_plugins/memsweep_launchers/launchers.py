@@ -1,17 +1,10 @@
 """hydra-submitit-launcher's launchers (`hydra/launcher=local`, `slurm`), with one change: a sweep told to
-stop (memsweep/run/stopping.py) ends with its summary even when a job was killed before it wrote a result.
+stop (memsweep/run/stopping.py) ends with its summary even when a job was killed before it wrote a result
+(a terminal's Ctrl-C under `hydra/launcher=local`, which submitit's controller gets too): such a job is listed
+`missing`, the sweep exits 130, and resume runs it again.
 
-That is what a terminal's Ctrl-C does under `hydra/launcher=local`: submitit's local controller shares
-the terminal's process group, gets the Ctrl-C too, and ends its tasks itself (SIGINT, then SIGKILL a
-second later), too soon for a job to finish its step and write its result. submitit then raises
-UncompletedJobError as the main process collects the results, and Hydra would end there, with no
-summary. The results are on disk, so the sweep ends as a stopped one instead: the summary lists such a
-job as `missing`, the sweep exits 130, and resume runs it again. SIGTERM, which the controller forwards
-and waits on, ends every job cleanly `interrupted`.
-
-Everything else is the plugin's: its `checkpoint()` returns a DelayedSubmission of the same job, which
-submitit requeues on the cluster's time-limit/preemption signal (memsweep.run.stopping.hand_over). They live
-here because Hydra instantiates a launcher only from the `hydra_plugins` namespace.
+Everything else is the plugin's; they live here because Hydra instantiates a launcher only from the
+`hydra_plugins` namespace. Why a Ctrl-C loses results there: docs/guide/running.md.
 """
 from collections.abc import Sequence
 from typing import Any

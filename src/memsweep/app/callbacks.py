@@ -90,26 +90,16 @@ def refuse_a_search_that_cannot_run(config: DictConfig) -> None:
         validate_names.search(job.task.name, job.search.metric, direction)
     except ConfigError as exc:
         print(f"memsweep: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CODES["bad input"])
+        raise SystemExit(EXIT_CODES["bad input"]) from None
 
 
 class SweepReport(Callback):
     """When a multirun ends, or is stopped: write the sweep summary, print its table, log the W&B summary run.
 
-    Before it starts, a search whose metric the task does not report, or whose direction would look for
-    the worst value of it, is refused (exit 2): no trial runs. A sweep that stops part-way (a sweeper that
-    raises, e.g. Optuna when no trial completed) still gets the summary of the jobs it ran, written as
-    the process exits.
-
-    Stopping (run/stopping.py): from the sweep's start, SIGINT/SIGTERM end the running job `interrupted`
-    and no further job starts. Where Hydra runs the jobs in this process (its basic launcher), the
-    sweep ends right after that job; a launcher's worker processes keep the stop for the jobs they are
-    handed next (recorded `not started`). Either way the summary lists every job, and the process exits
-    130 (SIGINT) or 143 (SIGTERM); `python -m memsweep.resume <sweep dir>` runs what is left.
-
-    Exit code otherwise: jobs ending `oom`, `diverged` or `unsupported` are results, the sweep succeeded
-    (0). A job that `failed` (an error), left no result, or was stopped without this process being
-    signalled makes it exit 1 — after the summary is written, so the other jobs' results are never lost.
+    A search that cannot run is refused before it starts (exit 2); a sweep that stops part-way still gets
+    the summary of the jobs it ran. A stopped sweep exits 130/143, one with a job `failed`, without a result
+    or stopped unsignalled exits 1, after the summary is written; otherwise 0 (`oom`, `diverged` and
+    `unsupported` are results). Stopping and exit codes in full: docs/guide/sweeps.md.
     """
 
     def __init__(self) -> None:

@@ -29,7 +29,8 @@ def load_profile(option: str) -> HardwareConf:
 
     from .schema import CONF_DIR
 
-    merged = OmegaConf.merge(OmegaConf.structured(HardwareConf), OmegaConf.load(CONF_DIR / "hardware" / f"{option}.yaml"))
+    merged = OmegaConf.merge(OmegaConf.structured(HardwareConf),
+                             OmegaConf.load(CONF_DIR / "hardware" / f"{option}.yaml"))
     return OmegaConf.to_object(merged)
 
 

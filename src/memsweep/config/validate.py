@@ -1,18 +1,11 @@
 """Bad input is refused before any work: one line naming the key, the value and what is allowed.
 
-Hydra and the typed schema (schema.py, choices.py) already refuse a mistyped key, a value of the wrong
-type and a value outside a closed set. Here, what a type cannot say about the keys on their own (no
-model, no data, no library), the same in every mode (`settings`):
-- the command line before Hydra composes it (validate_args.py): an unknown group option, a number typed
-  with a character Python does not read (a Unicode minus, a thousands separator), a value of the
-  wrong type for its key, in one line instead of Hydra's many;
-- `config`: keys the schema does not have (Hydra's `+key=value` adds them unchecked), a required value
-  left unset (`???`), an interpolation that does not resolve;
-- `ranges`: every number within its meaningful range, and the keys that must agree with each other
-  (`nodes`: this machine's node_rank among distributed.nodes, the rendezvous's host:port);
-- keys of a group that is off, the search's metric against the task (validate_names.py).
-What the keys name (the model as it will be built, the data, the rendezvous) is checked by
-run/inputs.py, which needs the run's own modules.
+What a type cannot say about the keys on their own (no model, no data, no library), the same in every mode
+(`settings`): keys the schema lacks and values unset or unresolved (`config`), numbers out of range and keys
+that must agree (`ranges`, `nodes`); the command line is checked by validate_args.py, switched-off groups and
+the search's metric by validate_names.py. What the keys name is checked by run/inputs.py.
+
+What each check covers: docs/guide/validation.md.
 """
 import math
 from collections.abc import Callable

@@ -1,4 +1,4 @@
-"""The command line, checked before Hydra composes it (`train.py` and `python -m memsweep.estimate`):
+"""The command line, checked before Hydra composes it (`train.py` and `python -m memsweep.app.estimate`):
 one line naming the key where Hydra would answer in many lines, or with its lexer's error.
 
 - `group_options`: a `group=option` naming no conf/<group>/<option>.yaml, and a launcher whose plugin

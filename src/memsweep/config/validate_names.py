@@ -51,7 +51,8 @@ def _backend(name: str) -> None:
     choices = {f.name: f for f in dataclasses.fields(TrainingArguments)}["ddp_backend"].metadata.get("choices", [])
     if name not in choices:
         raise ConfigError("distributed.backend", f"{name!r} is not a distributed backend; allowed: auto (gloo on the "
-                                                 f"CPU, nccl on GPUs), {', '.join(choices)} (TrainingArguments.ddp_backend)")
+                                                 f"CPU, nccl on GPUs), {', '.join(choices)} "
+                                                 "(TrainingArguments.ddp_backend)")
 
 
 def _off_values(group: str, section: Any) -> Any:

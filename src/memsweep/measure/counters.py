@@ -28,11 +28,8 @@ def reset_cuda_peak() -> None:
 def device_used() -> int | None:
     """What nvidia-smi shows this process using on its GPU (its CUDA context and what its allocator
     reserved: the "used" a prediction of reserved + context stands for), read through NVML; None without
-    CUDA or NVML. The device-wide figure is not it: NVML's default (v1) "used" also counts the driver's
-    own reservation (about 0.5 GiB on an idle A10, 0.9 GB on an A100) and other processes. Where the
-    process is not in NVML's list (a container's PID namespace) the v2 device figure, which leaves the
-    driver's reservation out, stands in. The caching allocator keeps what it reserved until
-    empty_cache, so read before it, this is the job's peak."""
+    CUDA or NVML. The process's own figure, else (a container's PID namespace) the v2 device figure; read
+    before empty_cache, it is the job's peak. Why not the device-wide figure: docs/guide/measuring.md."""
     if (cuda := _cuda()) is None:
         return None
     try:

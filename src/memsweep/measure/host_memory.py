@@ -1,17 +1,11 @@
 """Keep freed host memory in the process for the next step, instead of handing it back to the OS.
 
-glibc's malloc serves large blocks with mmap and unmaps them when freed, and trims the top of its
-heap, so a training step that frees its big tensors maps them anew in the next step, and the kernel
-faults in and zeroes every page again (about a microsecond a page: a few percent of a small model's
-step on 2 cores). How often depends on what the process did before, not on the job, and glibc's
-adaptive mmap threshold stops at 32 MiB, so a larger tensor (MiniLM's 47 MB embedding gradient) is
-mapped afresh every step whatever came before. With no mmap and no trim every block comes from the
-heap and freed memory is reused by the next step; the price is that the process keeps its peak
-instead of returning it. `time.minor_faults_per_step` in results.json shows the effect.
+glibc's malloc unmaps large freed blocks and trims its heap, so each step faults its big tensors in afresh.
+With no mmap and no trim, freed memory is reused by the next step, at the price of keeping the peak
+(`time.minor_faults_per_step` in results.json shows the effect). It cannot be undone within a process, so
+`in_effect()` says what the process runs with; a capped job maps each block instead (`each_block_mapped`).
 
-It cannot be undone within a process (glibc's adaptive thresholds stay off once set), so
-`in_effect()` says what the process really runs with, whatever the current job asked for. A job with
-a capped address space maps each block instead, for as long as the cap lasts (`each_block_mapped`).
+Why, and the measurements: docs/guide/measuring.md.
 """
 import ctypes
 import ctypes.util
@@ -59,12 +53,9 @@ def keep_freed_memory() -> bool:
 def each_block_mapped() -> Iterator[bool]:
     """Inside: every block of 128 KiB or more is mapped on its own and unmapped when freed.
 
-    The address space then follows the live blocks. A heap that serves big blocks grows where its free
-    holes are too small for the next request, and never shrinks without trim: a capped address space
-    (measure/memcap.py) would run out where the heap's fragments do, not where the tensors do. Measured
-    on model=tiny, 16 x 512 tokens, eager attention, a 288 MiB tensor peak: the heap grew 492 MiB, with
-    each block mapped the address space grew 283 MiB. After the block, reuse is restored where it was in
-    effect; glibc's adaptive threshold stays off (any mallopt turns it off), at 128 KiB.
+    The address space then follows the live blocks, not the heap's fragments, as a capped address space
+    (measure/memcap.py) needs. After the block, reuse is restored where it was in effect; glibc's adaptive
+    threshold stays off, at 128 KiB. Measurements: docs/guide/measuring.md.
     """
     global _mapping_each_block
     mallopt = _mallopt()

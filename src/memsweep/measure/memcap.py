@@ -1,28 +1,17 @@
 """A real out-of-memory on the CPU, on purpose: cap the job's address space with RLIMIT_AS.
 
-`hardware.memory_gib` on a CPU profile (e.g. `hardware=cpu hardware.memory_gib=0.5`) is the capacity of
-an imaginary device that already holds the model: once the job is built, training and evaluation may
-map `memory_gib` minus the model's weights and buffers *more* address space; past it, the
-allocation itself fails (torch: "DefaultCPUAllocator: can't allocate memory", Python: MemoryError;
-oneDNN, which maps a primitive's JIT code and scratchpad as it makes one: "could not create a primitive",
-its out-of-memory status behind ideep's one message, raised here as the MemoryError it is under the cap),
-which job.py records as `status: oom`. It is the CPU counterpart of the CUDA cap in hardware.py.
+`hardware.memory_gib` on a CPU profile is the capacity of an imaginary device that already holds the model:
+once the job is built, training and evaluation may map that much more address space less the weights and
+buffers; past it the allocation fails and job.py records `status: oom` (the CPU counterpart of the CUDA cap in
+hardware.py). Address space over-counts resident memory: use it to force and bracket OOMs. Linux only.
 
-Loading (tokenizer threads, memory-mapped datasets) stays outside the cap, as it would stay off a GPU.
-It caps address space, not resident memory, so it over-counts: thread stacks and malloc arenas
-count too. Under the cap every block of 128 KiB or more is mapped on its own and unmapped when freed
-(measure/host_memory.py): a heap would count its holes too, freed blocks the next, larger one cannot use.
-Use it to force and bracket OOMs, not as an exact stand-in for a GPU's capacity.
-Linux only (it reads /proc/self/statm). Native code that aborts on a failed allocation (the Rust
-tokenizers, OpenMP creating threads) ends the whole process, so keep the cap above what the job
-needs to load its data and start its threads.
+What fails and how, what the cap counts, and its limits: docs/guide/measuring.md.
 """
 import os
 import resource
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from typing import ContextManager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from ..config.schema import HardwareConf
 from . import host_memory
@@ -61,7 +50,7 @@ def cap(extra_bytes: int) -> Iterator[int]:
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def cap_for(profile: HardwareConf, held_bytes: int = 0) -> ContextManager:
+def cap_for(profile: HardwareConf, held_bytes: int = 0) -> AbstractContextManager:
     """The cap a resolved hardware profile asks for: only a CPU profile with `memory_gib` set.
 
     `held_bytes` is what the device already holds (the built model), so the job gets the rest.
@@ -69,7 +58,7 @@ def cap_for(profile: HardwareConf, held_bytes: int = 0) -> ContextManager:
     if profile.device != "cpu" or profile.memory_gib is None:
         return nullcontext()
     if not os.path.exists("/proc/self/statm"):
-        warnings.warn("hardware.memory_gib on the CPU needs Linux (/proc); running without a cap")
+        warnings.warn("hardware.memory_gib on the CPU needs Linux (/proc); running without a cap", stacklevel=2)
         return nullcontext()
     room = int(profile.memory_gib * 2**30) - held_bytes
     if room <= 0:

@@ -34,6 +34,6 @@ def require_reachable(key: str, repo_id: str) -> None:
     if Path(repo_id).exists() or is_cached(repo_id) or not is_offline():
         return
     raise ConfigError(key, f"{repo_id!r} is not a local folder, not in the Hugging Face cache, and the hub "
-                           "cannot be reached (offline). Use the embedded defaults (model=minilm data=tweets; for images "
-                           "task=image_classification: model=vit-digits data=digits), "
+                           "cannot be reached (offline). Use the embedded defaults (model=minilm data=tweets; for "
+                           "images task=image_classification: model=vit-digits data=digits), "
                            "a local folder, or data=csv data.path=<file>")

@@ -87,7 +87,8 @@ class ImageData:
 def tokens(model_config) -> int:
     """The sequence an image is to a ViT-style model: its patch grid and a class token."""
     size, patch = model_config.image_size, model_config.patch_size
-    size, patch = (size[0] if isinstance(size, (list, tuple)) else size), (patch[0] if isinstance(patch, (list, tuple)) else patch)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
     return (int(size) // int(patch)) ** 2 + 1
 
 

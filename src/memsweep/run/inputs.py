@@ -77,7 +77,8 @@ def data(job: Config) -> None:
         present = sorted(set(frame["label"]))
         if len(present) < 2:
             raise ConfigError("data.label_column", f"the {split} split holds examples of {present} only; "
-                                                   f"classification needs at least 2 of the classes {names} in both splits")
+                                                   f"classification needs at least 2 of the classes {names} in "
+                                                   "both splits")
 
 
 def _images_mismatch(job: Config):

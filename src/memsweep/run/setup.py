@@ -6,8 +6,9 @@ model's parts are: structure.py), then each technique writes its own part. A tec
 at another group's config; where two interact, `rules.py` says so. Building a setup has no side effects.
 """
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ class Setup:
     # Applied to the loaded model, in order (freeze, LoRA, checkpointing...).
     model_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
     # Entered around every forward pass (saved-tensor hooks such as save_on_cpu).
-    forward_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
+    forward_contexts: list[Callable[[], AbstractContextManager]] = field(default_factory=list)
     # Mixed precision that memsweep applies itself where the engine would silently skip it
     # (Trainer/Accelerate ignore fp16 on the CPU): autocast dtype and a GradScaler.
     autocast_dtype: torch.dtype | None = None

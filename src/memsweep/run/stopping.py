@@ -1,26 +1,12 @@
 """A stop asked for is an ending: SIGINT (Ctrl-C), SIGTERM (`kill`, Slurm's scancel and time limit) and,
 inside a submitit job, its time-limit/preemption signal (USR2) end the running job `interrupted`.
 
-What the handler does depends on where the signal finds the process:
+Inside Trainer's loop the stop is recorded and training ends after the optimizer step in progress
+(`deferred`); elsewhere in a job it raises `Interrupted` at once (`interruptible`); between a sweep's jobs it is
+recorded and the sweep starts no further job. A second Ctrl-C ends the process at once; copies of the first
+signal are ignored. On the cluster's signal the ended job hands over to submitit, which requeues it (`hand_over`).
 
-- inside Trainer's loop (`deferred`): it records the stop; `StopCallback` (run/trainer.py) sets Trainer's
-  own `should_training_stop` at the end of the optimizer step in progress, and the train loop ends the
-  job with what it measured so far;
-- elsewhere in a job (`interruptible`: set-up, loading, evaluation, an estimate): it raises `Interrupted`
-  at once. Python runs handlers between bytecodes of the main thread, so it never lands inside a kernel;
-  where Python cannot raise (a `__del__`, a weakref callback: the exception would only be printed,
-  "ignored") the signal is delivered again and raised at the next bytecode that can (`_redeliver`); a
-  library that swallows it is caught by the check each of these blocks makes on entry (`check`);
-- anywhere else (between a sweep's jobs, while a job writes its ending): it records the stop, and the
-  sweep starts no further job (sweep/callbacks.py).
-
-A second Ctrl-C ends the process at once. Copies of the first signal are ignored: a terminal signals the
-whole process group, and launchers (torchrun's agent, submitit's controller) forward what they got to
-their children again, so a child sees one Ctrl-C twice within milliseconds. A repeated SIGTERM or USR2
-is ignored too; a cluster in a hurry follows them with SIGKILL.
-
-On the cluster's signal the job, once ended, hands over to submitit's own handler, which calls the
-launcher's `checkpoint()` and requeues the job (`hand_over`); the requeued job runs again from its start.
+How the handler works where Python cannot raise, and why copies are ignored: docs/guide/running.md.
 """
 import _thread
 import functools
@@ -164,7 +150,7 @@ def uninstall() -> None:
 @contextmanager
 def handling() -> Iterator[None]:
     """Stops handled inside the block; left as they are when the block began with them already handled
-    (a sweep installs them for all its jobs: sweep/callbacks.py)."""
+    (a sweep installs them for all its jobs: app/callbacks.py)."""
     installed_here = install()
     try:
         yield

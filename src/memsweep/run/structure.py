@@ -1,18 +1,11 @@
 """Where a model's parts are, found from the model itself: what freezing, LoRA, FSDP and quantization act on.
 
-Any transformers architecture, no per-architecture table:
-- blocks: the `nn.ModuleList` of identical modules whose class the model lists in `_no_split_modules`
-  (the unit transformers keeps on one device: what FSDP wraps), else the largest such list;
-- embeddings: the input embedding (`get_input_embeddings`) with its parent when that is an embeddings
-  module (BERT's word + position + type + LayerNorm), else every embedding outside the blocks (GPT-2's
-  token and position tables);
-- head: the model's top-level children with weights other than the backbone (`base_model_prefix`):
-  classifier, score, lm_head;
-- attention (LoRA's default targets): the linear layers of the first block's attention module that
-  make queries, keys and values (its output projection excluded);
-- quantize_skip: every linear layer outside the blocks (pooler, head), kept in full precision when the
-  base is quantized: bitsandbytes quantizes the blocks.
-`model.*_module(s)` keys override any of them.
+Any transformers architecture, no per-architecture table: the blocks (the `nn.ModuleList` of the class in
+`_no_split_modules`), the embeddings, the head, the attention's query/key/value projections (LoRA's default
+targets) and the linear layers kept in full precision under a quantized base. `model.*_module(s)` keys
+override any of them.
+
+How each part is found: docs/guide/running.md.
 """
 import re
 from dataclasses import dataclass

@@ -1,16 +1,9 @@
 """task: classification | causal_lm | image_classification — the head put on the model, what a batch carries,
 and the quality metric.
 
-- classification: `AutoModelForSequenceClassification` on the label column; quality = macro F1 (and
-  accuracy) of the eval split's predictions. On a decoder the head reads the last non-pad token.
-- causal_lm: `AutoModelForCausalLM`, next-token loss on every token of the text column (padding
-  masked with -100 by the collator); quality = eval loss and its perplexity, exp(eval loss). Trainer's
-  eval loss is the mean over eval batches of each batch's mean token loss. The same split is evaluated
-  before training too (`perplexity_before`): a pretrained decoder already has a perplexity, and what
-  fine-tuning did is the difference (a classifier's new head has no F1 worth measuring before).
-- image_classification: `AutoModelForImageClassification` (ViT, DeiT, BEiT, Swin, DINOv2, ...: transformers'
-  own table) on images (`pixel_values`, every one the model's size: no padding, no tokenizer); quality =
-  accuracy (and macro F1) of the eval split's predictions.
+classification: a sequence classifier, macro F1 and accuracy; causal_lm: a causal LM on the text, eval loss and
+perplexity (also before training); image_classification: an image classifier on `pixel_values`, accuracy and
+macro F1. Each task in full: docs/guide/running.md.
 """
 import math
 

@@ -17,8 +17,8 @@ from ..techniques import offload, optim
 from . import data as data_mod
 from . import images, procenv, stopping, task
 from . import model as model_mod
-from .setup import Setup, build_setup
 from .results import Result
+from .setup import Setup, build_setup
 from .trainer import BeforeTraining, DivergenceCallback, MemsweepTrainer, StopCallback, WandbLogCallback
 
 

@@ -1,19 +1,11 @@
 """transformers' Trainer with the setup applied, and the engine's known traps caught.
 
-- Gradient accumulation: the BERT classifier accepts **kwargs, so stock Trainer assumes it scales
-  its loss by `num_items_in_batch` and never divides by the accumulation steps (gradients N x too
-  large, transformers#47688). Here the loss is a plain mean per micro-batch, so it is divided.
-- fp16 on the CPU: Accelerate silently trains fp32. The setup's autocast dtype and GradScaler are
-  applied here instead.
-- FSDP on the CPU: Accelerate keeps its FSDP plugin only for accelerator devices and silently wraps
-  the model in DDP instead. The plugin is put back, so Accelerate's own FSDP2 path shards the model.
-- Tokens seen: stock Trainer reads the count back (`.item()`) after every micro-batch, a host sync
-  per step on a GPU. Here it is summed on the device and read when Trainer logs.
-- Evaluation has no "begin" event: `evaluation_loop` sends one, so its progress display times it all.
-- Batches of similar length (shuffled buckets) cut padding; the ledger step's batches are padded to
-  `max_seq_len` so its memory figure does not depend on which examples it drew.
-- A stop (stopping.py) ends training after the optimizer step in progress (StopCallback); DataLoader
-  workers ignore SIGINT/SIGTERM, which would otherwise kill them and fail the job first.
+Caught here: the loss of gradient accumulation never divided (transformers#47688), fp16 and FSDP silently
+dropped on the CPU by Accelerate, a host sync per micro-batch to count tokens, evaluation without a "begin"
+event, padding (length buckets; the ledger step padded to `max_seq_len`), and a stop that ends training after
+the optimizer step in progress while DataLoader workers ignore the signal.
+
+Each trap and what is done about it: docs/guide/running.md.
 """
 import math
 import sys

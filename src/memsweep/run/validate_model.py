@@ -1,14 +1,9 @@
 """The model as the job will build it, checked without weights in every mode: its config.json with the
 `model.*` size keys and `model.overrides` applied (as the job applies them), against the job and the task.
 
-- where the architecture comes from: a model folder without a config.json, a file that is not one;
-- what the model's constructor would refuse or get wrong: attention heads dividing the hidden size,
-  key/value heads dividing the heads, special token ids inside the vocabulary; the position limit
-  against max_seq_len; the vocabulary against the tokenizer's tokens (where the tokenizer is on disk);
-- the task's head (run/task.head_refusal): a causal LM needs a decoder;
-- module names the config gives (LoRA's targets, `model.*_module(s)`) against the model's own, read off
-  its meta model (run/structure.found);
-- a training job's `hardware.memory_gib` against the weights alone (`capacity`).
+Where the architecture comes from, what the model's constructor would refuse, the task's head, the module
+names the config gives, and a training job's `hardware.memory_gib` against the weights alone (`capacity`).
+Each check: docs/guide/validation.md.
 """
 import re
 from collections.abc import Iterator
@@ -105,7 +100,8 @@ def _sizes(job: Config, config, values: dict[str, Any]) -> None:
     if heads and kv and heads % kv:
         raise ConfigError(blame(job.model, "num_key_value_heads", "num_attention_heads"),
                           f"{kv} key/value heads do not divide the {heads} attention heads; allowed: a divisor of "
-                          f"{heads} (grouped-query attention shares each key/value head among the same number of heads)")
+                          f"{heads} (grouped-query attention shares each key/value head among the same number of "
+                          "heads)")
 
 
 def _special_tokens(job: Config, config) -> None:
@@ -235,5 +231,6 @@ def capacity(job: Config) -> None:
         stored = quantize or job.precision.name.value
         raise ConfigError("hardware.memory_gib", f"{job.hardware.memory_gib} GiB is less than the weights alone "
                                                  f"({params:,} parameters x {per:g} bytes in {stored} = "
-                                                 f"{weights / 2**30:.3f} GiB); allowed: more than {weights / 2**30:.3f} "
-                                                 "(or null: the device's memory); mode=estimate answers what fits")
+                                                 f"{weights / 2**30:.3f} GiB); allowed: more than "
+                                                 f"{weights / 2**30:.3f} (or null: the device's memory); "
+                                                 "mode=estimate answers what fits")

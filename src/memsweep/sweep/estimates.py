@@ -81,13 +81,14 @@ def pivot_table(jobs: list[sweepdir.SweepJob], by: str) -> str:
                     f"{col} ms/step": _ms(est["step_time_s"])})
     for row in rows.values():
         row["method"] = row["method"] or "-"
-    order = keys + ["method"] + [f"{c} {part}" for c in columns for part in ("fits", "margin GiB", "used GiB", "ms/step")]
+    order = keys + ["method"] + [f"{c} {part}" for c in columns
+                                 for part in ("fits", "margin GiB", "used GiB", "ms/step")]
     frame = pd.DataFrame(list(rows.values())).reindex(columns=order).fillna("-")
     common = sweepdir.varying(jobs)[1]
     notes = [f"every row: {' '.join(common)}" if common else "",
              "used GiB = the predicted total that must fit: on a GPU nvidia-smi's used (peak reserved on the safe "
-             "side of packing + the CUDA context); margin = capacity - used; ms/step = FLOPs of a step at the GPU's peak dense rate, a lower "
-             "bound",
+             "side of packing + the CUDA context); margin = capacity - used; ms/step = FLOPs of a step at the "
+             "GPU's peak dense rate, a lower bound",
              *(f"[{n}] {why}" for why, n in reasons.items())]
     return "\n".join([frame.to_markdown(index=False, disable_numparse=True), ""]
                      + [f"- {note}" for note in notes if note]) + "\n"

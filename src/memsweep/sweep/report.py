@@ -1,17 +1,11 @@
 """The sweep summary, built from the results.json files of a sweep dir (and nothing else).
 
-Writes into the sweep dir:
-  summary.csv    one row per job, every results field flattened (plus the comparison to the baseline)
-  summary.md     the human table: the overrides that vary, status, peak memory and its breakdown,
-                 Δ memory and speed-up against the baseline, train time, samples/s, F1 or perplexity
-                 (before and after training), and the learning rate where the jobs used different ones
-  memory.png     stacked bars per job: params / grads / optimizer / activations / other at the peak
-  tradeoff.png   peak memory against train time, each point labelled with its F1
-
-Every job of the sweep's grid gets a row: a job that never began is `not started`, one that began but
-left no result is `missing`, a job that ended otherwise than `ok` (`interrupted` included) shows its
-status and reason. It runs at the end of every multirun (callbacks.py)
+Writes summary.csv (every results field, one row per job), summary.md (the human table), memory.png (what
+holds each job's peak) and tradeoff.png (peak memory against train time) into the sweep dir; every job of
+the grid gets a row, also one `not started` or `missing`. Runs at the end of every multirun (callbacks.py)
 and at any time after: `python -m memsweep.sweep.report <sweep dir>` (`make report SWEEP=<sweep dir>`).
+
+What each file holds: docs/guide/sweeps.md.
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 """The one sweep layer: what a sweep dir holds and how its jobs are named.
 
-A sweep dir is what `train.py -m` (or `python -m memsweep.estimate`) writes: numbered job dirs, each
+A sweep dir is what `train.py -m` (or `python -m memsweep.app.estimate`) writes: numbered job dirs, each
 with results.json (and estimate.json for estimates), plus multirun.yaml for Hydra sweeps. Here:
 the grid a sweep's overrides expand to (Hydra's own basic sweeper), the jobs found on disk, the
 overrides that vary between them, and the W&B group the jobs log to. The summary (report.py), the

@@ -1,17 +1,11 @@
 """fsdp: none | full_shard | shard_grad_op | full_shard_offload — PyTorch FSDP2 (`fully_shard`) through
 Trainer's `fsdp` / `fsdp_config`, so Accelerate shards the model exactly as it does on a GPU.
 
-- FSDP2 only: FSDP1 (`FullyShardedDataParallel`) refuses a CPU ("needs a non-CPU accelerator device")
-  and transformers deprecates it. FSDP2's strategies are one flag: `reshard_after_forward`.
-- Each transformer block is its own FSDP unit, its class named explicitly (the blocks are found from
-  the model, structure.py): Accelerate's default wraps every class in `_no_split_modules`, and for
-  BERT (which lists BertEmbeddings) it then shards the word embeddings a second time and fails
-  (TypeError in DeviceMesh._concatenate, accelerate 1.15 / torch 2.13).
-- Accelerate drops the FSDP plugin on the CPU and wraps in DDP instead; MemsweepTrainer puts it back
-  (trainer.py). Offload to the CPU needs an accelerator: refused by a rule on the CPU.
-- Without a launcher this is a process group of one (gloo on the CPU, made by procenv when the job
-  builds its Trainer); under torchrun the group is the launcher's and every rank holds 1/world_size
-  of each parameter.
+FSDP2 only (FSDP1 refuses a CPU); each transformer block is its own FSDP unit, its class named explicitly;
+on the CPU MemsweepTrainer puts back the plugin Accelerate drops, and offload is refused by a rule. Without a
+launcher this is a process group of one; under torchrun every rank holds 1/world_size of each parameter.
+
+Why each choice: docs/techniques/fsdp.md.
 """
 from dataclasses import dataclass
 

@@ -2,16 +2,10 @@
 
 Targets: the attention's q/k/v projections found in the model (structure.py), a list of module names,
 or `all-linear` (peft: every linear layer of the blocks, not the head). The head is trained in full.
+A 4-bit base computes in the precision's compute dtype; over a 16-bit model peft keeps the adapters in fp32
+unless `lora.autocast_adapter_dtype=false`.
 
-A 4-bit base computes in the precision's compute dtype (bitsandbytes' `bnb_4bit_compute_dtype`: bf16 for
-bf16 and bf16_true, fp16 for fp16, else fp32), as the QLoRA recipe pairs them; `double_quant` quantizes
-its block scales again (`bnb_4bit_use_double_quant`: 8-bit scales per 64 weights, an fp32 scale per 256 of
-those), about 0.37 bits a weight less.
-
-Over a 16-bit model (`bf16_true`, `fp16_true`, a quantized base) peft keeps the adapters in fp32 and computes
-their branch in fp32 (`autocast_adapter_dtype`, on by default, for stable training);
-`lora.autocast_adapter_dtype=false` keeps them in the model's dtype, as recipes that build the whole model in
-bf16 do (Lightning's bf16-true, torchtune's `dtype: bf16`).
+Compute dtypes, double quantization and the adapters' dtype: docs/techniques/lora.md.
 """
 from dataclasses import dataclass
 

@@ -49,7 +49,8 @@ RULES: list[Rule] = [
     Rule("flash-attention", lambda t, hw: t.attention.implementation == "flash_attention_2"
          and (hw.device != "cuda" or not _installed("flash_attn")),
          "flash_attention_2 needs a CUDA GPU and the flash-attn package; use attention=sdpa"),
-    Rule("bitsandbytes-missing", lambda t, hw: (_quantized(t) or t.optim.bitsandbytes) and not _installed("bitsandbytes"),
+    Rule("bitsandbytes-missing",
+         lambda t, hw: (_quantized(t) or t.optim.bitsandbytes) and not _installed("bitsandbytes"),
          "8-bit/4-bit weights and optimizers need the bitsandbytes package"),
     Rule("torchao-missing", lambda t, hw: t.optim.torchao and not _installed("torchao"),
          "adamw_torch_8bit and adamw_torch_4bit are torchao's low-bit AdamW: they need the torchao package"),
