@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DS_BUILD := DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_BUILD_SHM_COMM=1
 SWEEP ?=
 
-.PHONY: install train test sweep sweep-llm report bench gpu-check validate-estimates estimate-t4 estimate-llm plan sweep-t4 wandb-sync clean
+.PHONY: install train test lint sweep sweep-llm report bench gpu-check validate-estimates estimate-t4 estimate-llm plan sweep-t4 wandb-sync clean
 
 install: $(STAMP)
 
@@ -31,8 +31,15 @@ train: $(STAMP)
 # --dist loadgroup: the tests of a module marked xdist_group (one whose module fixture runs several jobs)
 # go to one worker, so the fixture runs once instead of once per worker; the groups start first.
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+
+# The code's shape, in seconds: ruff (pyproject.toml's rules) and import-linter's contracts (the layers of
+# src/memsweep and the technique groups' independence, README "How the code is laid out"). `make test` runs it
+# first, so an upward import or a lint error fails the build with the tool's own message.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 # A small grid on the embedded default (MiniLM, 2,000 tweets): precision x optim, 2-4 jobs, about 3-5 min
 # on 2 CPU cores; prints the summary table at the end. The precision axis is fp32, plus bf16 where this
