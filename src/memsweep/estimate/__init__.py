@@ -12,3 +12,7 @@ FSDP's fake ranks; capture.py records allocations for allocator.py) or adjust ->
 (result.Estimate). autofit.py picks a micro-batch, table.py prints an estimate's line and row. The method,
 mechanism by mechanism with its sources: docs/estimator/.
 """
+
+# A job's estimate (mode=estimate, or the estimate CLI): here, so the sweep dir's reader names it without importing
+# the estimator (and torch).
+ESTIMATE_FILE = "estimate.json"

@@ -12,9 +12,9 @@ from ..measure import host_memory, shapes
 from ..run import results, task
 from ..run.setup import build_setup
 from ..techniques import rules
-from . import adjust, roofline
+from . import ESTIMATE_FILE, adjust, roofline
 from .meta import model_config, traced_model
-from .result import ESTIMATE_FILE, Estimate
+from .result import Estimate
 from .table import summary_line
 from .trace import for_gpu, readable_on, trace
 from .traced import AllocatorReading, Trace

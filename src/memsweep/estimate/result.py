@@ -5,7 +5,6 @@ from typing import Any
 
 from .step_time import StepTime
 
-ESTIMATE_FILE = "estimate.json"  # a job's estimate (mode=estimate, or the estimate CLI)
 GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "reserved_upper_bytes",
                 "device_used_upper_bytes")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..estimate.result import ESTIMATE_FILE
+from ..estimate import ESTIMATE_FILE
 from ..run import results
 
 MULTIRUN_FILE = "multirun.yaml"
