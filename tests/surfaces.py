@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONF, compose_config, no_work, run_job  # no_work: a conftest fixture, re-exported
+from conftest import CONF, compose_config, run_job
 from memsweep.errors import ConfigError
 
 ERROR = re.compile(r"^memsweep: error: ([\w.]+): ")
@@ -80,4 +80,4 @@ def assert_refused(outcome, key: str, says: str = "", code: int = 2) -> None:
     assert "Traceback" not in printed and took < 5, took
 
 
-__all__ = ["train_py", "estimate_cli", "search_start", "no_work", "refusal", "assert_refused", "compose_config"]
+__all__ = ["train_py", "estimate_cli", "search_start", "refusal", "assert_refused", "compose_config"]

@@ -3,7 +3,8 @@ from PyTorch's rules by hand; every expected number is worked out in the test fr
 read off the model."""
 import pytest
 
-from memsweep.estimate.allocator import MIB, Options, replay
+from memsweep.estimate.allocator import replay
+from memsweep.estimate.allocator_conf import MIB, Options
 from memsweep.estimate.events import Event
 
 KIB = 2**10

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memsweep.estimate.allocator import CachingAllocator, Options
+from memsweep.estimate.allocator import CachingAllocator
+from memsweep.estimate.allocator_conf import Options
 from memsweep.estimate.events import Event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # also run by snapshot_jobs.py

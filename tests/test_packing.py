@@ -5,7 +5,8 @@ replay's own and never falls as the micro-batch or the sequence length grow."""
 import pytest
 
 from memsweep.estimate import capture
-from memsweep.estimate.allocator import MIB, Options, replay
+from memsweep.estimate.allocator import replay
+from memsweep.estimate.allocator_conf import MIB, Options
 from memsweep.estimate.events import Event
 
 LAYERS = 4
@@ -38,7 +39,7 @@ def synthetic_step(tokens: int) -> tuple[list[Event], dict]:
 
 
 def upper(events, categories) -> int:
-    return capture.allocator_reading(events, categories, conf="")["reserved_upper_bytes"]
+    return capture.allocator_reading(events, categories, conf="").reserved_upper_bytes
 
 
 def test_the_upper_figure_is_never_below_the_replay():
@@ -67,7 +68,7 @@ def test_the_envelope_alone_never_falls_where_activations_grow_in_proportion():
 def test_without_categories_the_upper_figure_is_the_replay():
     events, _ = synthetic_step(1024)
     reading = capture.allocator_reading(events, conf="")
-    assert reading["reserved_upper_bytes"] == reading["peak_reserved_bytes"]
+    assert reading.reserved_upper_bytes == reading.peak_reserved_bytes
 
 
 @pytest.mark.slow  # twelve traces of a tiny Llama on a GPU profile

@@ -13,18 +13,16 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .allocator_conf import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    Options,
+)
 from .events import Event
-
-MIB = 2**20
-
-# The constants at the top of CUDACachingAllocator.cpp (namespace Native; kLargeBuffer is also in
-# c10/core/CachingDeviceAllocator.h in newer versions), with the comments they carry there:
-K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: "all sizes are rounded to at least 512 bytes" (round_size)
-K_SMALL_SIZE = 1 * MIB  # kSmallSize: "largest 'small' allocation is 1 MiB" (get_pool: <= goes small)
-K_SMALL_BUFFER = 2 * MIB  # kSmallBuffer: "'small' allocations are packed in 2 MiB blocks"
-K_MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc: "allocations between 1 and 10 MiB may use kLargeBuffer"
-K_LARGE_BUFFER = 20 * MIB  # kLargeBuffer: "'large' allocations may be packed in 20 MiB blocks"
-K_ROUND_LARGE = 2 * MIB  # kRoundLarge: "round up large allocations to 2 MiB"
 
 # Note [Expandable Segments]: "we use 2MiB pages for our small pool and 20MiB pages for our large
 # pool" (find_expandable_block: segment_size = pool->is_small ? kSmallBuffer : kLargeBuffer).
@@ -47,34 +45,6 @@ def allocation_size(size: int) -> int:
     if size < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER  # "requests between 1MB and 10MB will allocate and split a 20MB block"
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
-
-
-@dataclass(frozen=True)
-class Options:
-    """The PYTORCH_CUDA_ALLOC_CONF settings that change what is reserved (docs: "Optimizing memory
-    usage with PYTORCH_CUDA_ALLOC_CONF")."""
-    max_split_size: int | None = None  # bytes; None = unlimited, the default ("all blocks can be split")
-    # max_non_split_rounding_mb: how much larger than a request an unsplittable block may be and still
-    # serve it; "In the default case, we only allow up to 20MB of rounding of non-split blocks".
-    max_non_split_rounding: int = K_LARGE_BUFFER
-    expandable_segments: bool = False
-
-    @classmethod
-    def parse(cls, conf: str | None) -> Options:
-        """From a PYTORCH_CUDA_ALLOC_CONF string ("<option>:<value>,..."); options not modelled are ignored."""
-        values = dict(item.split(":", 1) for item in (conf or "").replace(" ", "").split(",") if ":" in item)
-        options = cls(expandable_segments=values.get("expandable_segments", "False") == "True")
-        if "max_split_size_mb" in values:
-            mb = int(values["max_split_size_mb"])
-            # AllocatorConfig::parseMaxSplitSize: "max_split_size_mb too small, must be >= 20" (kLargeBuffer;
-            # "> 20" in 2.x versions before the config moved to c10/core)
-            if mb < K_LARGE_BUFFER // MIB:
-                raise ValueError(f"max_split_size_mb must be >= {K_LARGE_BUFFER // MIB}, got {mb}")
-            options = cls(mb * MIB, options.max_non_split_rounding, options.expandable_segments)
-        if "max_non_split_rounding_mb" in values:
-            options = cls(options.max_split_size, int(values["max_non_split_rounding_mb"]) * MIB,
-                          options.expandable_segments)
-        return options
 
 
 @dataclass(eq=False, slots=True)

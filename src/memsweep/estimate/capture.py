@@ -13,7 +13,7 @@ import os
 import re
 import weakref
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -24,7 +24,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..measure.ledger import LedgerReading
 from ..measure.optimizer_state import plain_tensors
 from . import scratch, sharded
-from .allocator import Options, replay
+from .allocator import replay
+from .allocator_conf import Options
 from .events import Event
 
 
@@ -288,14 +289,29 @@ def paged_in(events: list[Event], micro_batches: int) -> PagedIn:
 STEPS_PER_OCTAVE, OCTAVES = 32, 1
 
 
-def allocator_reading(events: list[Event], categories: dict | None = None, conf: str | None = None) -> dict[str, Any]:
+@dataclass
+class AllocatorReading:
+    """The allocator model's peaks for a step's recorded events (allocator_reading), on one GPU."""
+    peak_allocated_bytes: int  # torch.cuda.max_memory_allocated: whole allocator blocks
+    peak_reserved_bytes: int  # max_memory_reserved: the caching allocator's segments
+    reserved_upper_bytes: int  # the safe side of packing (capture.packing_envelope), never below peak reserved
+    segments: int  # cudaMallocs, or expandable segments with mapped memory
+
+    def to_dict(self) -> dict[str, Any]:
+        """As estimate.json writes it."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def allocator_reading(events: list[Event], categories: dict | None = None, conf: str | None = None,
+                      ) -> AllocatorReading:
     """The allocator model's peaks for recorded events under `conf` (default: alloc_conf()), and with the
     blocks' categories the upper figure for reserved bytes (packing_envelope)."""
     options = Options.parse(alloc_conf() if conf is None else conf)
     reading = replay(events, options)
     upper = packing_envelope(events, categories, options) if categories is not None else reading.peak_reserved_bytes
-    return {"peak_allocated_bytes": reading.peak_allocated_bytes, "peak_reserved_bytes": reading.peak_reserved_bytes,
-            "reserved_upper_bytes": max(upper, reading.peak_reserved_bytes), "segments": reading.segments}
+    return AllocatorReading(peak_allocated_bytes=reading.peak_allocated_bytes,
+                            peak_reserved_bytes=reading.peak_reserved_bytes,
+                            reserved_upper_bytes=max(upper, reading.peak_reserved_bytes), segments=reading.segments)
 
 
 def packing_envelope(events: list[Event], categories: dict, options: Options) -> int:

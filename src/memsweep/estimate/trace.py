@@ -20,7 +20,6 @@ from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
 from . import adjust, capture, fake, op_record, products, scratch, sharded, zero
-from .events import Event
 from .op_record import CountedOp, OpCost
 from .products import CountedProduct
 from .step import (
@@ -33,7 +32,7 @@ from .step import (
     trainer_arguments,
     training_step,
 )
-from .traced import AllocatorReading, RankReading, Trace
+from .traced import RankReading, Trace
 
 
 @contextlib.contextmanager
@@ -114,11 +113,6 @@ def reading_key(profile: HardwareConf) -> tuple:
     return scratch.gpu_of(profile), workspace_bytes(profile)
 
 
-def allocator_reading(events: list[Event], categories: dict) -> AllocatorReading:
-    """The allocator model's reading of recorded events (capture.allocator_reading), typed."""
-    return AllocatorReading(**capture.allocator_reading(events, categories))
-
-
 def made_for(traced: Trace, profile: HardwareConf) -> bool:
     """Whether the trace's allocator reading is already the one for `profile`'s GPU (always, off CUDA)."""
     return profile.device != "cuda" or (traced.gpu, traced.workspace) == reading_key(profile)
@@ -141,7 +135,7 @@ def for_gpu(traced: Trace, profile: HardwareConf) -> Trace:
         cublas = set(traced.cublas_keys)
         events = [e._replace(nbytes=workspace) if e.kind == "alloc" and e.key in cublas else e
                   for e in scratch.sized(traced.events, traced.reductions, gpu)]
-        traced.readings[(gpu, workspace)] = allocator_reading(events, traced.categories)
+        traced.readings[(gpu, workspace)] = capture.allocator_reading(events, traced.categories)
     return dataclasses.replace(traced, allocator=traced.readings[(gpu, workspace)], gpu=gpu, workspace=workspace)
 
 
@@ -189,7 +183,7 @@ def adjusted_reading(traced: Trace, recorder, adjustment: adjust.Adjustment, pro
     readings, sized = [], scratch.sized(recorder.events, recorder.reductions, scratch.gpu_of(profile))
     for rank in range(adjustment.zero.world if adjustment.zero else 1):
         events, categories = adjust.apply(sized, recorder.categories, adjustment, flat, rank)
-        allocator = allocator_reading(events, categories) if profile.device == "cuda" else None
+        allocator = capture.allocator_reading(events, categories) if profile.device == "cuda" else None
         readings.append(dataclasses.replace(traced, **dataclasses.asdict(capture.tensor_reading(events, categories)),
                                             adjustment=adjustment.reason,
                                             optimizer_on_host="optimizer" in adjustment.host, allocator=allocator))

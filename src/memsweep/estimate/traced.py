@@ -9,24 +9,11 @@ from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from .capture import PagedIn
+from .capture import AllocatorReading, PagedIn
 from .events import Event
 from .op_record import CountedOp, OpCost
 from .products import CountedProduct
 from .scratch import Gpu, Reduction
-
-
-@dataclass
-class AllocatorReading:
-    """The allocator model's peaks for a step's recorded events (capture.allocator_reading), on one GPU."""
-    peak_allocated_bytes: int  # torch.cuda.max_memory_allocated: whole allocator blocks
-    peak_reserved_bytes: int  # max_memory_reserved: the caching allocator's segments
-    reserved_upper_bytes: int  # the safe side of packing (capture.packing_envelope), never below peak reserved
-    segments: int  # cudaMallocs, or expandable segments with mapped memory
-
-    def to_dict(self) -> dict[str, Any]:
-        """As estimate.json writes it."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
