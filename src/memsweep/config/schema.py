@@ -69,6 +69,9 @@ class ModelConf:
     num_kv_heads: int | None = None  # grouped-query attention (decoders)
     intermediate_size: int | None = None
     max_position_embeddings: int | None = None
+    # A pretrained model's size keys may only add parts its weights do not hold (new blocks, a wider layer)
+    # when this says they are meant to be randomly initialised (run/validate_model.py); results.json counts them.
+    new_parts_random: bool = False
     # Any other config.json key (e.g. `+model.overrides.rope_theta=1e6`).
     overrides: dict[str, Any] = field(default_factory=dict)
     # Where the model's parts are (module paths); null = found from the model itself (structure.py):
@@ -102,6 +105,9 @@ class DataConf:
     eval_size: int = 1000
     drop_duplicates: bool = True
     encoding: str = "utf-8"  # a Python codec name
+    # Rows that cannot be used (an empty text, an empty or unknown label) are refused with their count and the
+    # first one's row number; true drops them instead, their count printed and kept in results.json.
+    drop_invalid: bool = False
     # Pad each batch to a multiple of this many tokens (tensor-core shapes); null = to its longest example.
     pad_to_multiple_of: int | None = None
 
