@@ -106,3 +106,27 @@ def test_the_sweep_summary_marks_emulated_times(tmp_path):
     table = report.build(sweep).markdown
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert "time" in rows[0] and "emulated bf16: time not representative" in rows[2] and "emulated" not in rows[1]
+
+
+def test_every_shipped_profile_keeps_its_declared_bounds():
+    """Each conf/hardware/*.yaml as the command line's `hardware.*` keys are checked (a plan loads them by name)."""
+    from memsweep.config.schema import CONF_DIR
+
+    names = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
+    assert len(names) >= 10 and all(hardware.load_profile(name).name for name in names)
+
+
+@pytest.mark.parametrize("line, key", [("memory_gbs: 0", "hardware.memory_gbs"),
+                                       ("memory_gib: .inf", "hardware.memory_gib"),
+                                       ("tflops: {bf16: -1}", "hardware.tflops"),
+                                       ("memory_bandwith: 900", "hardware=broken")])
+def test_a_broken_profile_is_refused_naming_the_key_and_its_file(monkeypatch, tmp_path, line, key):
+    from memsweep.config import schema
+    from memsweep.errors import ConfigError
+
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "broken.yaml").write_text(f"name: broken\ndevice: cuda\n{line}\n")
+    monkeypatch.setattr(schema, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        hardware.load_profile("broken")
+    assert refused.value.key == key and "broken.yaml" in str(refused.value), str(refused.value)

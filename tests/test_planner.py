@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from conftest import job_of
+from memsweep.config import validate
 from memsweep.config.hardware import load_profile
 from memsweep.errors import ConfigError
 from memsweep.estimate.core import device_key, estimate_job
@@ -177,11 +178,28 @@ def test_plan_writes_its_tables(plan_rows, tmp_path):
                                            ("plan.micro_batches=[3]", "plan.micro_batches"),
                                            ("plan.deepspeed=[zero4]", "plan.deepspeed"),
                                            ("plan.offload=[gpu]", "plan.offload"),
-                                           ("plan.workers=-1", "plan.workers")])
+                                           ("plan.workers=-1", "plan.workers"),
+                                           ("plan.hardware=[]", "plan.hardware"),
+                                           ("plan.depths=[2,2]", "plan.depths"),
+                                           ("plan.optim=[adamw,adamw]", "plan.optim")])
 def test_bad_plan_input_is_refused_naming_the_key(override, key):
     job, _ = job_of(WIDE + [override])
     with pytest.raises(ConfigError, match=key):
-        space.check_plan_keys(job)
+        validate.ranges(job)  # what schema.py declares (constraints.py)
+        space.check_plan_keys(job)  # what the lists name
+
+
+def test_a_row_that_is_not_a_valid_job_is_refused_before_a_trace(monkeypatch):
+    """Each generated row is checked as the job it would be: one the command line would refuse is a refused row
+    naming the key, never traced (here an option file's learning rate made negative)."""
+    job, _ = job_of(WIDE + ["plan.hardware=[t4]"])
+    made = space.variant(job, Combination(precision="bf16", optim="adamw", checkpointing="none", lora="r8"), 1)
+    broken = dataclasses.replace(made, optim=dataclasses.replace(made.optim, lr=-1.0))
+    monkeypatch.setattr(space, "variant", lambda *args: broken)
+    monkeypatch.setattr(depth, "row_figures", lambda *args: pytest.fail("a refused row was traced"))
+    rows = search.rows_of(Combination(precision="bf16", optim="adamw", checkpointing="none", lora="r8"), 1, job,
+                          [load_profile("t4")], {}, None)
+    assert [(r.status, r.reason.split(" is ")[0]) for r in rows] == [("refused", "bad input: optim.lr: -1.0")]
 
 
 @pytest.mark.parametrize("network", [None, 50])

@@ -25,7 +25,7 @@ CASES = {
     "not a table": (["data=csv", f"data.path={README}"], "data.path", "is not a readable CSV table"),
     "train size negative": (["data.train_size=-1"], "data.train_size", "an integer > 0"),
     "lora rank zero": (["lora=r8", "lora.r=0"], "lora.r", "an integer > 0"),
-    "epochs negative": (["epochs=-1"], "epochs", "a number > 0"),
+    "epochs negative": (["epochs=-1"], "epochs", "a finite number > 0"),
     "unknown key": (["+some_unknown_key=1"], "some_unknown_key", "is not a memsweep key"),
     "unknown nested key": (["+optim.betas=1"], "optim.betas", "the keys here are name, hf_name, lr"),
     "lr zero": (["lr=0"], "lr", "a finite number > 0"),
@@ -45,8 +45,8 @@ CASES = {
                                   "distributed.rdzv_endpoint", "host:port of node 0"),
     "nodes do not divide the batch": (["distributed.nodes=3", "distributed.rdzv_endpoint=127.0.0.1:29500"],
                                       "batch_size", "distributed.nodes x distributed.nproc = 3"),
-    "zero stage": (["deepspeed=zero2", "deepspeed.stage=4"], "deepspeed.stage", "stage 0, 1, 2 or 3"),
-    "negative seed": (["seed=-1"], "seed", "from 0 to 2^32-1"),
+    "zero stage": (["deepspeed=zero2", "deepspeed.stage=4"], "deepspeed.stage", "an integer from 0 to 3"),
+    "negative seed": (["seed=-1"], "seed", "from 0 to below 2^32"),
     "padding not a divisor": (["data.pad_to_multiple_of=7"], "data.pad_to_multiple_of", "divisor of max_seq_len"),
     "uncached hub model offline": (["model=bert-base"], "model.path", "not in the Hugging Face cache"),
 }
@@ -239,7 +239,7 @@ def test_a_search_that_cannot_run_is_refused_before_its_first_trial(capsys, chec
                                     "allowed: minimize"),
         "direction for the worst accuracy": (["search.metric=accuracy", "hydra.sweeper.direction=minimize"],
                                              "hydra.sweeper.direction", "allowed: maximize"),
-        "budget below zero": (["search.max_peak_gib=-1"], "search.max_peak_gib", "null or a number > 0"),
+        "budget below zero": (["search.max_peak_gib=-1"], "search.max_peak_gib", "null or a finite number > 0"),
     }
     for args, key, says in cases.values():
         assert_refused(refusal(lambda args=args: search_start(["-m", "hparams_search=optuna", *TINY, *args]), capsys),

@@ -81,6 +81,7 @@ def refuse_a_search_that_cannot_run(config: DictConfig) -> None:
 
     from ..config import validate, validate_names
     from ..errors import EXIT_CODES, ConfigError
+    from ..sweep import search
 
     direction = OmegaConf.select(config, "hydra.sweeper.direction")  # a search (optuna) has one
     if direction is None:
@@ -88,6 +89,7 @@ def refuse_a_search_that_cannot_run(config: DictConfig) -> None:
     try:
         job = validate.settings(_without_hydra(config))
         validate_names.search(job.task.name, job.search.metric, direction)
+        search.check_space(OmegaConf.to_container(config.hydra.sweeper.params, resolve=False) or {})
     except ConfigError as exc:
         print(f"memsweep: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CODES["bad input"]) from None
@@ -185,10 +187,8 @@ class SweepReport(Callback):
         if logger is not None and is_on(logger):
             run_dir = report.log_to_wandb(summary, logger, sweepdir.group_of(Path(sweep_dir), summary.jobs))
             print(f"[memsweep] W&B summary run: {run_dir}", flush=True)
-        if summary.failed:
-            listed = ", ".join(f"{j.num} ({j.status})" for j in summary.failed)
-            print(f"[memsweep] error: {len(summary.failed)} job(s) failed or left no result: {listed}; "
-                  "see traceback.txt in their job dirs", flush=True)
+        if (failed := report.failed_line(summary)) is not None:  # a traceback named only where one was written
+            print(failed, flush=True)
         if summary.unfinished:
             listed = ", ".join(f"{j.num} ({j.status})" for j in summary.unfinished)
             print(f"[memsweep] {len(summary.unfinished)} job(s) stopped or not started: {listed}", flush=True)

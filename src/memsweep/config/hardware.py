@@ -2,10 +2,12 @@
 import os
 import re
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
+from ..errors import ConfigError, naming
+from . import constraints
 from .schema import HardwareConf
 
 # GPU name fragment (as torch.cuda.get_device_name reports it) -> profile option in conf/hardware/,
@@ -25,13 +27,19 @@ def profile_option(gpu_name: str) -> str | None:
 
 
 def load_profile(option: str) -> HardwareConf:
+    """A shipped profile (conf/hardware/<option>.yaml), checked as the command line's `hardware.*` keys are."""
     from omegaconf import OmegaConf
 
     from .schema import CONF_DIR
 
-    merged = OmegaConf.merge(OmegaConf.structured(HardwareConf),
-                             OmegaConf.load(CONF_DIR / "hardware" / f"{option}.yaml"))
-    return OmegaConf.to_object(merged)
+    path = CONF_DIR / "hardware" / f"{option}.yaml"
+    with naming(f"hardware={option}", f"a profile whose keys are HardwareConf's (schema.py), in {path}"):
+        profile = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HardwareConf), OmegaConf.load(path)))
+    try:
+        constraints.check(HardwareConf, asdict(profile), prefix="hardware.")
+    except ConfigError as exc:
+        raise ConfigError(exc.key, f"{str(exc).removeprefix(exc.key + ': ')} (conf/hardware/{option}.yaml)") from None
+    return profile
 
 
 def cpu_native_precisions() -> tuple[bool, bool]:

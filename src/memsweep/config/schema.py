@@ -11,10 +11,11 @@ module in techniques/ (`traits`).
 """
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II
+from pydantic import AfterValidator, Field
 
 from .choices import (
     AttentionImpl,
@@ -35,10 +36,29 @@ from .choices import (
     Quantize,
     TaskName,
 )
+from .constraints import (
+    INT32_MAX,
+    Count,
+    CountOrZero,
+    Fraction,
+    Gib,
+    GibOrZero,
+    NonNegative,
+    Positive,
+)
 from .planning import PlanConf
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"  # one folder per config group
 OFF = "none"  # the option name of a group that is off
+
+
+STEPS = "-1 (train for `epochs`) or an integer from 1 to 2^31-1"  # max_steps > 0 overrides epochs
+
+
+def _not_zero(steps: int) -> int:
+    if steps == 0:
+        raise ValueError("0 steps")
+    return steps
 
 
 def is_on(section) -> bool:
@@ -57,18 +77,18 @@ class ModelConf:
     source: ModelSource = ModelSource.embedded
     path: str | None = None  # hub id or local folder (hub); unused for embedded/tiny
     tokenizer: str | None = None  # for a model without its own (tiny); null = the model's own
-    dropout: float | None = None  # of hidden states and attention probabilities; null = the model's own
+    dropout: Fraction | None = None  # of hidden states and attention probabilities; null = the model's own
     # The architecture where the weights' own config.json is not on disk (mode=estimate offline): one
     # shipped with memsweep (src/memsweep/archs/<name>.json) or a config.json / model folder path.
     config: str | None = None
     architecture: str | None = None  # else a transformers model_type (bert, llama, qwen2, gpt2, ...)
-    vocab_size: int | None = None  # these size keys override the config.json (null: its own)
-    hidden_size: int | None = None
-    num_layers: int | None = None
-    num_heads: int | None = None
-    num_kv_heads: int | None = None  # grouped-query attention (decoders)
-    intermediate_size: int | None = None
-    max_position_embeddings: int | None = None
+    vocab_size: Count | None = None  # these size keys override the config.json (null: its own)
+    hidden_size: Count | None = None
+    num_layers: Count | None = None
+    num_heads: Count | None = None
+    num_kv_heads: Count | None = None  # grouped-query attention (decoders)
+    intermediate_size: Count | None = None
+    max_position_embeddings: Count | None = None
     # A pretrained model's size keys may only add parts its weights do not hold (new blocks, a wider layer)
     # when this says they are meant to be randomly initialised (run/validate_model.py); results.json counts them.
     new_parts_random: bool = False
@@ -101,15 +121,15 @@ class DataConf:
     label_column: str = "sentiment"
     # Keep only these label values, in this order (null = every label found, sorted).
     labels: list[str] | None = None
-    train_size: int | None = None  # null = everything left after the eval split
-    eval_size: int = 1000
+    train_size: Count | None = None  # null = everything left after the eval split
+    eval_size: Count = 1000
     drop_duplicates: bool = True
     encoding: str = "utf-8"  # a Python codec name
     # Rows that cannot be used (an empty text, an empty or unknown label) are refused with their count and the
     # first one's row number; true drops them instead, their count printed and kept in results.json.
     drop_invalid: bool = False
     # Pad each batch to a multiple of this many tokens (tensor-core shapes); null = to its longest example.
-    pad_to_multiple_of: int | None = None
+    pad_to_multiple_of: Count | None = None
 
 
 @dataclass
@@ -121,11 +141,11 @@ class PrecisionConf:
 class OptimConf:
     name: str = "adamw"
     hf_name: OptimName = OptimName.adamw_torch_fused
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    momentum: float = 0.0  # sgd only
-    max_grad_norm: float = 1.0
-    warmup_ratio: float = 0.0
+    lr: Positive = 1e-4
+    weight_decay: NonNegative = 0.0
+    momentum: Fraction = 0.0  # sgd only
+    max_grad_norm: NonNegative = 1.0
+    warmup_ratio: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0  # of the steps
     scheduler: str = "linear"  # transformers' SchedulerType
 
 
@@ -138,7 +158,7 @@ class CheckpointingConf(Switch):
 class AccumulationConf:
     # Not a Switch: `steps` applies whatever the option's name (none = 1 step; `accumulation.steps=4` works).
     name: str = "none"
-    steps: int = 1  # micro-batch = batch_size / steps
+    steps: Count = 1  # micro-batch = batch_size / steps
 
 
 @dataclass
@@ -149,9 +169,9 @@ class FreezingConf:
 @dataclass
 class LoraConf(Switch):
     name: str = "none"
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.1
+    r: Count = 8
+    alpha: Positive = 16
+    dropout: Fraction = 0.1
     # null = the attention's q/k/v projections (structure.py); a list of module names; or all-linear
     target_modules: Any = None
     quantize: Quantize = Quantize.none
@@ -163,12 +183,12 @@ class LoraConf(Switch):
 @dataclass
 class DeepspeedConf(Switch):
     name: str = "none"
-    stage: int = 0  # ZeRO stage 0-3 (when on)
+    stage: Annotated[int, Field(ge=0, le=3)] = 0  # ZeRO stage 0-3 (when on)
     offload_optimizer: bool = False
     offload_param: bool = False
     # Gradient values reduced at once; null = Trainer's "auto", hidden_size**2 (DeepSpeed's own default,
     # 5e8, is ~1.9 GiB of fp32 buckets whatever the model). Lightning's DeepSpeedStrategy sets 2e8.
-    reduce_bucket_size: int | None = None
+    reduce_bucket_size: Count | None = None
     # Reduce gradients while backward runs: a second reduce bucket (DeepSpeed's default: on for stage 3 only)
     overlap_comm: bool = False
 
@@ -203,10 +223,10 @@ class InitConf(Switch):
 @dataclass
 class DataloaderConf:
     name: str = "default"
-    num_workers: int = 0
+    num_workers: CountOrZero = 0
     pin_memory: bool = False
     persistent_workers: bool = False
-    prefetch_factor: int | None = None
+    prefetch_factor: Count | None = None
     # Batches of similar length (shuffled buckets): less padding, same examples per epoch.
     group_by_length: bool = True
 
@@ -215,8 +235,8 @@ class DataloaderConf:
 class HardwareConf:
     name: str = "auto"
     device: Device = Device.auto
-    memory_gib: float | None = None  # capacity; null = what the device has
-    cuda_context_gib: float = 0.0
+    memory_gib: Gib | None = None  # capacity; null = what the device has
+    cuda_context_gib: GibOrZero = 0.0
     bf16: bool = True  # runs at all (on a GPU profile: in hardware; a rule refuses it otherwise)
     fp16: bool = True
     tf32: bool = False
@@ -224,21 +244,21 @@ class HardwareConf:
     # AVX512-BF16/AMX): detected where a job runs (hardware.detect), null until then; emulated warns.
     bf16_native: bool | None = None
     fp16_native: bool | None = None
-    tflops: dict[str, float] = field(default_factory=dict)  # peak dense matmul TFLOP/s per dtype
-    tensor_core_multiple: int = 0  # tensor-core shape rule: multiples that make matmuls fast (0 = none)
+    tflops: dict[str, Positive] = field(default_factory=dict)  # peak dense matmul TFLOP/s per dtype
+    tensor_core_multiple: CountOrZero = 0  # tensor-core shape rule: multiples that make matmuls fast (0 = none)
     # Device memory bandwidth and the host link (PCIe, one direction), GB/s, from the datasheet named in the
     # profile: the roofline's rates (estimate/roofline.py); null on a CPU = measured there at start-up.
-    memory_gbs: float | None = None
-    host_link_gbs: float | None = None
+    memory_gbs: Positive | None = None
+    host_link_gbs: Positive | None = None
     # GPU to GPU inside a node, GB/s one direction per GPU (NVLink where the part has it), from the datasheet
     # named in the profile; null = the host link (PCIe): the ring of several processes' collectives
     # (estimate/collectives.py)
-    interconnect_gbs: float | None = None
+    interconnect_gbs: Positive | None = None
     # major.minor of a CUDA GPU (9.0 = Hopper): null on a CPU; detected on a GPU without a profile
-    compute_capability: float | None = None
+    compute_capability: Positive | None = None
     # streaming multiprocessors of a CUDA GPU (how PyTorch's reduction kernel splits its work, hence the
     # scratch it allocates: estimate/scratch.py): null on a CPU; detected on a GPU without a profile
-    sm_count: int | None = None
+    sm_count: Count | None = None
 
 
 @dataclass
@@ -248,14 +268,14 @@ class LoggerConf(Switch):
     entity: str | None = None
     tags: list[str] = field(default_factory=list)
     # wandb's own default waits ~90 s for an unreachable server; fall back to offline sooner.
-    init_timeout_s: float = 10.0
+    init_timeout_s: Positive = 10.0
 
 
 @dataclass
 class MeasureConf:
     # The memory ledger is taken on these optimizer steps (1-based); their batches are padded to
     # max_seq_len so the figure does not depend on which examples they hold.
-    warmup_steps: int = 1
+    warmup_steps: CountOrZero = 1
     ledger: bool = True
     # Store the estimator's prediction with every real job (results.json "estimate"), so the sweep
     # summary shows predicted vs measured; a trace costs about a second per job.
@@ -273,21 +293,21 @@ class SearchConf:
     # under the budget (GiB); the others are failed trials. null = the task's quality metric (run/task.py),
     # and the direction follows the metric (sweep/search.py).
     metric: str | None = None
-    max_peak_gib: float | None = None
+    max_peak_gib: Gib | None = None
 
 
 @dataclass
 class DistributedConf:
-    nproc: int = 1  # processes (ranks) per node: torchrun starts them, or Slurm's tasks_per_node
-    nodes: int = 1  # machines of one job: Slurm's nodes, or one torchrun per machine joined at rdzv_endpoint
+    nproc: Count = 1  # processes (ranks) per node: torchrun starts them, or Slurm's tasks_per_node
+    nodes: Count = 1  # machines of one job: Slurm's nodes, or one torchrun per machine joined at rdzv_endpoint
     # Outside Slurm, with nodes > 1: this machine's place (0 hosts the rendezvous and writes the job's results)
     # and the host:port of node 0's rendezvous, the same on every machine (torchrun's --node-rank, --rdzv-endpoint).
-    node_rank: int = 0
+    node_rank: CountOrZero = 0
     rdzv_endpoint: str | None = None
     backend: str = "auto"  # auto = gloo on CPU, nccl on GPU (Accelerate's choice); else TrainingArguments.ddp_backend
     # The network between nodes, GB/s one direction per GPU (a cluster's, not a GPU's: e.g. 400 Gb/s NICs, one
     # per GPU = 50): the collectives' ring across nodes (estimate/collectives.py); null = not timed across nodes
-    network_gbs: float | None = None
+    network_gbs: Positive | None = None
 
     @property
     def world_size(self) -> int:
@@ -320,18 +340,19 @@ class Config:
     distributed: DistributedConf = field(default_factory=DistributedConf)
     search: SearchConf = field(default_factory=SearchConf)
 
-    seed: int = 42
-    batch_size: int = 32  # effective: micro-batch x accumulation steps x processes
-    eval_batch_size: int = 128
-    lr: float = II("optim.lr")  # each optimizer carries its own; `lr=...` overrides
-    epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides epochs
-    max_seq_len: int = 64
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 42  # numpy's seeds are uint32
+    batch_size: Count = 32  # effective: micro-batch x accumulation steps x processes
+    eval_batch_size: Count = 128
+    lr: Positive = II("optim.lr")  # each optimizer carries its own; `lr=...` overrides
+    # A run's steps are a count (an int32), and an epoch is at least one step.
+    epochs: Annotated[float, Field(gt=0, le=INT32_MAX, allow_inf_nan=False)] = 1.0
+    max_steps: Annotated[int, Field(ge=-1, le=INT32_MAX, description=STEPS), AfterValidator(_not_zero)] = -1
+    max_seq_len: Count = 64
     mode: Mode = Mode.train
     plan: PlanConf = field(default_factory=PlanConf)
     # What a job shows while it trains and evaluates, and a sweep before each job (progress.py).
     progress: Progress = Progress.auto
-    threads: int | None = None  # torch intra-op threads; null = torch's default
+    threads: Count | None = None  # torch intra-op threads; null = torch's default
     # Keep freed host memory for the next step (glibc malloc, measure/host_memory.py): far fewer page faults.
     malloc_reuse: bool = True
     # Before training, take the largest micro-batch the estimator says fits the hardware profile and
@@ -339,7 +360,7 @@ class Config:
     autofit: bool = False
     # ...keeping this fraction of the capacity free for what the estimate does not see (the CUDA
     # allocator's fragmentation; malloc arenas and thread stacks under a CPU memory_gib cap).
-    autofit_headroom: float = 0.15
+    autofit_headroom: Fraction = 0.15
     tags: dict[str, Any] = field(default_factory=dict)  # what a preset carries (e.g. the ladder row name)
 
 

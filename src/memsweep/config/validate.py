@@ -1,20 +1,19 @@
 """Bad input is refused before any work: one line naming the key, the value and what is allowed.
 
-What a type cannot say about the keys on their own (no model, no data, no library), the same in every mode
-(`settings`): keys the schema lacks and values unset or unresolved (`config`), numbers out of range and keys
-that must agree (`ranges`, `nodes`); the command line is checked by validate_args.py, switched-off groups and
-the search's metric by validate_names.py. What the keys name is checked by run/inputs.py.
+The keys on their own (no model, no data, no library), the same in every mode (`settings`): keys the schema
+lacks and values unset or unresolved (`config`), values outside what schema.py declares for them
+(constraints.py) and keys that must agree (`ranges`, `nodes`); the command line is checked by validate_args.py,
+switched-off groups and the search's metric by validate_names.py. What the keys name is checked by run/inputs.py.
 
 What each check covers: docs/guide/validation.md.
 """
-import math
-from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
-from . import validate_names
+from . import constraints, validate_names
 from .schema import Config
 from .validate_args import arguments, composition_error, field_type, group_options, known
 
@@ -52,8 +51,6 @@ def config(cfg: DictConfig) -> None:
 
 
 def _unknown(node: Any, schema: type, prefix: str) -> list[str]:
-    import dataclasses
-
     if not isinstance(node, dict) or not dataclasses.is_dataclass(schema):
         return []
     fields = {f.name: f for f in dataclasses.fields(schema)}
@@ -67,76 +64,9 @@ def _unknown(node: Any, schema: type, prefix: str) -> list[str]:
     return found
 
 
-# key -> (test of the value, what is allowed). None values are tested only where the test says so.
-Check = tuple[Callable[[Any], bool], str]
-POSITIVE: Check = (lambda v: v > 0, "a number > 0")
-POSITIVE_INT: Check = (lambda v: v > 0, "an integer > 0")
-NON_NEGATIVE: Check = (lambda v: v >= 0, "a number >= 0")
-FRACTION: Check = (lambda v: 0 <= v < 1, "a number from 0 to below 1")
-OPTIONAL_POSITIVE: Check = (lambda v: v is None or v > 0, "null or a number > 0")
-OPTIONAL_POSITIVE_INT: Check = (lambda v: v is None or v > 0, "null (the architecture's own) or an integer > 0")
-RANGES: dict[str, Check] = {
-    "seed": (lambda v: 0 <= v < 2**32, "an integer from 0 to 2^32-1"),
-    "batch_size": POSITIVE_INT,
-    "eval_batch_size": POSITIVE_INT,
-    "lr": (lambda v: v > 0 and math.isfinite(v), "a finite number > 0"),
-    "epochs": POSITIVE,
-    "max_steps": (lambda v: v == -1 or v > 0, "-1 (train for `epochs`) or an integer > 0"),
-    "max_seq_len": POSITIVE_INT,
-    "threads": (lambda v: v is None or v > 0, "null (torch's default) or an integer > 0"),
-    "autofit_headroom": FRACTION,
-    "model.dropout": (lambda v: v is None or 0 <= v < 1, "null (the model's own) or a number from 0 to below 1"),
-    "model.vocab_size": OPTIONAL_POSITIVE_INT,
-    "model.hidden_size": OPTIONAL_POSITIVE_INT,
-    "model.num_layers": OPTIONAL_POSITIVE_INT,
-    "model.num_heads": OPTIONAL_POSITIVE_INT,
-    "model.num_kv_heads": OPTIONAL_POSITIVE_INT,
-    "model.intermediate_size": OPTIONAL_POSITIVE_INT,
-    "model.max_position_embeddings": OPTIONAL_POSITIVE_INT,
-    "data.train_size": (lambda v: v is None or v > 0, "null (all rows left after the eval split) or an integer > 0"),
-    "data.eval_size": POSITIVE_INT,
-    "optim.lr": POSITIVE,
-    "optim.weight_decay": NON_NEGATIVE,
-    "optim.momentum": FRACTION,
-    "optim.max_grad_norm": NON_NEGATIVE,
-    "optim.warmup_ratio": NON_NEGATIVE,
-    "accumulation.steps": POSITIVE_INT,
-    "lora.r": POSITIVE_INT,
-    "lora.alpha": POSITIVE,
-    "lora.dropout": FRACTION,
-    "deepspeed.stage": (lambda v: v in (0, 1, 2, 3), "a ZeRO stage 0, 1, 2 or 3"),
-    "deepspeed.reduce_bucket_size": (lambda v: v is None or v > 0,
-                                     'null (Trainer\'s "auto": hidden_size**2) or an integer > 0 (gradient values)'),
-    "dataloader.num_workers": NON_NEGATIVE,
-    "dataloader.prefetch_factor": OPTIONAL_POSITIVE,
-    "hardware.memory_gib": OPTIONAL_POSITIVE,
-    "hardware.cuda_context_gib": NON_NEGATIVE,
-    "hardware.tensor_core_multiple": NON_NEGATIVE,
-    "measure.warmup_steps": NON_NEGATIVE,
-    "distributed.nproc": POSITIVE_INT,
-    "distributed.nodes": POSITIVE_INT,
-    "distributed.network_gbs": OPTIONAL_POSITIVE,
-    "hardware.interconnect_gbs": OPTIONAL_POSITIVE,
-    "search.max_peak_gib": OPTIONAL_POSITIVE,
-    "logger.init_timeout_s": POSITIVE,
-}
-
-
-def _get(job: Config, dotted: str) -> Any:
-    value: Any = job
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def ranges(job: Config) -> None:
-    """Every number in its range, and the keys that must agree with each other."""
-    for key, (ok, allowed) in RANGES.items():
-        value = _get(job, key)
-        if value is None and "null" not in allowed:
-            raise ConfigError(key, f"null is not allowed; allowed: {allowed}")
-        if not ok(value):
-            raise ConfigError(key, f"{value} is not allowed; allowed: {allowed}")
+    """Every key within what schema.py declares for it (constraints.py), and the keys that must agree."""
+    constraints.check(Config, dataclasses.asdict(job))
     nodes(job.distributed)
     per_step = job.accumulation.steps * job.distributed.world_size
     if job.batch_size % per_step:

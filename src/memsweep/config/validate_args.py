@@ -13,10 +13,10 @@ import re
 import types
 import typing
 import unicodedata
-from enum import Enum
 from typing import Any
 
 from ..errors import ConfigError
+from . import constraints
 from .schema import CONF_DIR, Config
 
 # Written between digits, each means a thousands separator to a person; to Hydra a comma separates the
@@ -81,6 +81,26 @@ def launcher_installed(option: str) -> None:
     if module is not None and importlib.util.find_spec(module) is None:
         raise ConfigError("hydra/launcher", f"{option} needs the `{extra}` extra, which is not installed: "
                                             f"pip install -e '.[{extra}]' (pyproject.toml)")
+    launcher_runs_here(option)
+
+
+# Launchers that hand the jobs to a scheduler: option -> the command of it the launcher runs (submitit's sbatch).
+SCHEDULER_LAUNCHERS = {"slurm": "sbatch", "submitit_slurm": "sbatch"}
+
+
+def launcher_runs_here(option: str) -> None:
+    """`hydra/launcher=slurm` on a machine without Slurm (no `sbatch` on PATH): one line naming the launchers
+    that run here, before Hydra composes the sweep (submitit would fail in a traceback as it submits)."""
+    import shutil
+
+    command = SCHEDULER_LAUNCHERS.get(option)
+    if command is None or shutil.which(command) is not None:
+        return
+    here = [p.stem + (f" (the `{EXTRA_LAUNCHERS[p.stem][1]}` extra)" if p.stem in EXTRA_LAUNCHERS else "")
+            for p in sorted((CONF_DIR / "hydra" / "launcher").glob("*.yaml")) if p.stem not in SCHEDULER_LAUNCHERS]
+    raise ConfigError("hydra/launcher", f"{option} submits to Slurm, and this machine has no `{command}` on PATH (not "
+                                        "a Slurm login node); allowed: basic (Hydra's default: one job after the "
+                                        f"other), {', '.join(here)} (conf/hydra/launcher)")
 
 
 def _is_minus(ch: str) -> bool:
@@ -132,10 +152,12 @@ def _numeric(key: str) -> bool:
 
 
 def _plain(tp: Any) -> Any:
-    """`X | None` (or `Optional[X]`) -> X."""
+    """`X | None` (or `Optional[X]`) -> X, and `Annotated[X, constraint]` -> X."""
+    if typing.get_origin(tp) is typing.Annotated:
+        return _plain(typing.get_args(tp)[0])
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         rest = [a for a in typing.get_args(tp) if a is not type(None)]
-        return rest[0] if len(rest) == 1 else tp
+        return _plain(rest[0]) if len(rest) == 1 else tp
     return tp
 
 
@@ -180,28 +202,17 @@ def known(key: str) -> str:
     return ", ".join(f.name for f in dataclasses.fields(schema))
 
 
-def allowed(tp: Any) -> str:
-    """What a key of this schema type takes, in words."""
-    base = _plain(tp)
-    prefix = "null or " if base is not tp else ""
-    if isinstance(base, type) and issubclass(base, Enum):
-        return prefix + ", ".join(str(e.value) for e in base)
-    words = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
-    if base in words:
-        return prefix + words[base]
-    origin = typing.get_origin(base)
-    return prefix + {list: "a list, e.g. [a,b]", dict: "a mapping, e.g. {a: 1}"}.get(origin, "a value")
-
-
 def _values(override) -> list[Any]:
-    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
 
     value = override.value()
     if isinstance(value, ChoiceSweep):
         return list(value.list)
     if isinstance(value, RangeSweep):
         return [value.start]
-    return [] if override.is_sweep_override() else [value]  # interval(...), glob(...): the sweeper's
+    if isinstance(value, IntervalSweep):  # a search's range (hparams_search): both of its ends
+        return [value.start, value.end]
+    return [] if override.is_sweep_override() else [value]  # glob(...): the sweeper's
 
 
 def typed(override, multirun: bool, node: Any | None = None) -> None:
@@ -228,12 +239,25 @@ def typed(override, multirun: bool, node: Any | None = None) -> None:
     if override.is_add() and not override.is_force_add() and not _inside_free_mapping(key):
         raise ConfigError(key, "is a memsweep key already: set it without '+'")
     node = node if node is not None else OmegaConf.structured(Config)
-    for value in _values(override):
+    ends = _values(override)
+    if override.value().__class__.__name__ == "IntervalSweep" and not ends[0] < ends[1]:
+        raise ConfigError(key, f"{override.input_line.partition('=')[2]!r} is an empty range; allowed: "
+                               "interval(low, high) with low < high")
+    for value in ends:
         try:
             OmegaConf.update(node, key, value, merge=True)
         except Exception:  # noqa: BLE001 - OmegaConf's ValidationError: the value does not fit the type
             shown = "null" if value is None else repr(value)
-            raise ConfigError(key, f"{shown} is not allowed; allowed: {allowed(tp)}") from None
+            raise ConfigError(key, f"{shown} is not allowed; allowed: {constraints.describe(tp)}") from None
+        constraints.check_value(Config, key, _as_python(node, key))  # every value of a sweep: schema.py's bounds
+
+
+def _as_python(node: Any, key: str) -> Any:
+    """A key's value as composed (enums, numbers, plain lists), for its declared constraints."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    value = OmegaConf.select(node, key, throw_on_resolution_failure=False)
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
 def composition_error(exc: BaseException) -> ConfigError:

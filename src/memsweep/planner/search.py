@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
+from ..config import validate
 from ..config.hardware import load_profile
 from ..config.schema import Config, HardwareConf, OffloadConf
-from ..errors import Unsupported
+from ..errors import ConfigError, Unsupported
 from ..techniques import rules
 from . import depth, floor, parallel, space
 from .depth import Figures
@@ -50,6 +51,10 @@ def rows_of(combo: Combination, m: int, job: Config, profiles, memo: dict, depth
     """The rows of one combination at micro-batch m on every GPU."""
     variant = space.variant(job, combo, m)
     row = functools.partial(PlanRow, combination=combo, micro_batch=m, accumulation=variant.accumulation.steps)
+    try:
+        validate.ranges(variant)  # the row as a job: what the command line would refuse, it refuses before a trace
+    except ConfigError as exc:
+        return [row(gpu=p.name, status="refused", reason=f"bad input: {exc}") for p in profiles]
     refused = refusals(variant, profiles)
     allowed = [p for p in profiles if p.name not in refused]
     rows = [row(gpu=g, status="refused", reason=r) for g, r in refused.items()]

@@ -7,6 +7,7 @@ import functools
 import itertools
 from collections.abc import Iterator
 
+from ..config.hardware import load_profile
 from ..config.schema import CONF_DIR, Config, OptimConf
 from ..errors import ConfigError
 from ..techniques.optim import traits
@@ -74,7 +75,8 @@ def options(group: str) -> list[str]:
 
 
 def check_plan_keys(job: Config) -> None:
-    """Bad input refused in one line naming the key and its allowed values (exit 2, as validate.py)."""
+    """What the plan's lists name (options of conf/<group>/, micro-batches of the batch), refused in one line
+    naming the key and its allowed values (exit 2, as validate.py); their sizes and values schema.py declares."""
     plan = job.plan
     for key, group in (("hardware", "hardware"), *((g, g) for g in GROUPS), ("lora_optim", "optim"),
                        ("lora_offload", "offload")):
@@ -82,17 +84,12 @@ def check_plan_keys(job: Config) -> None:
         for value in getattr(plan, key):
             if value not in allowed:
                 raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
-    if not plan.hardware:
-        raise ConfigError("plan.hardware", "name at least one GPU profile, e.g. plan.hardware=[t4,a100_40gb]")
+            if group == "hardware":
+                load_profile(value)  # each profile as a `hardware.*` key of the command line would be
     for m in plan.micro_batches:
-        if m < 1 or per_rank(job) % m:
+        if per_rank(job) % m:
             raise ConfigError("plan.micro_batches", f"{m} does not divide each process's batch, batch_size / "
                                                     f"processes = {per_rank(job)}")
-    if plan.workers < 0:
-        raise ConfigError("plan.workers", f"{plan.workers}: a number of processes >= 1, or 0 for one per CPU")
-    if plan.top < 1 or (plan.depths and (len(plan.depths) != 2 or min(plan.depths) < 1)):
-        raise ConfigError("plan.top / plan.depths",
-                          "top must be >= 1 and depths two depths >= 1 (or [] for full traces)")
 
 
 def per_rank(job: Config) -> int:

@@ -4,6 +4,7 @@ from typing import Any
 
 from ..config.choices import METRICS, QUALITY
 from ..config.schema import SearchConf, TaskName
+from ..errors import ConfigError, naming
 
 RESOLVER = "memsweep_direction"  # conf/hparams_search/optuna.yaml: hydra.sweeper.direction
 
@@ -36,3 +37,31 @@ def objective(res: dict[str, Any], cfg: SearchConf, task_name=TaskName.classific
         return None
     value = res["metrics"].get(metric(cfg, task_name))
     return float(value) if value is not None else None
+
+
+def check_space(params: dict[str, Any]) -> None:
+    """The search space (`hydra.sweeper.params`), refused before the first trial where a trial would be: a key
+    memsweep does not have, a bound or choice its declaration (schema.py) does not allow, an empty interval."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    from ..config import constraints
+    from ..config.schema import Config
+
+    parser = OverridesParser.create()
+    for key, text in params.items():
+        where = f"hydra.sweeper.params.{key}"
+        if constraints.annotation(Config, key) is None:
+            raise ConfigError(where, f"{key} is not a memsweep key a trial can set")
+        with naming(where, "choice(a, b, ...), interval(low, high), range(start, stop, step) or a value"):
+            space = parser.parse_override(f"{key}={text}").value()
+        values = [space.start, space.end] if isinstance(space, IntervalSweep) else (
+            list(space.list) if isinstance(space, ChoiceSweep) else [space.start] if isinstance(space, RangeSweep)
+            else [space])
+        for value in values:
+            try:
+                constraints.check_value(Config, key, value)
+            except ConfigError as exc:
+                raise ConfigError(where, f"{text}: {str(exc).removeprefix(key + ': ')}") from None
+        if isinstance(space, IntervalSweep) and not space.start < space.end:
+            raise ConfigError(where, f"{text} is empty; allowed: interval(low, high) with low < high")
