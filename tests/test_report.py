@@ -259,3 +259,22 @@ def test_wandb_summary_run_holds_the_table_and_both_plots(sweep):
     assert table["columns"][:4] == ["job", "precision", "optim", "status"]
     assert [row[3] for row in table["data"]] == ["ok", "ok", "ok", "oom", "missing", "not started"]
     assert table["data"][1][table["columns"].index("speedup")] == pytest.approx(2.0)
+
+
+def test_the_failed_jobs_line_names_a_traceback_only_where_a_job_wrote_one(tmp_path, capsys):
+    sweep = make_sweep(tmp_path / "sweep", {0: (1.0, 10.0, 0.8), 1: ("failed", "bad input: lr: -1 ... allowed: > 0"),
+                                            2: ("failed", "ValueError: boom"), 3: ("unsupported", "bf16"), 4: None,
+                                            5: (1.0, 10.0, 0.8)})
+    (sweep / "2" / report.TRACEBACK_FILE).write_text("Traceback ...\nValueError: boom\n")  # as job.py writes it
+    line = report.failed_line(report.build(sweep))
+    assert line == (f"[memsweep] error: 3 job(s) failed or left no result: 1 (failed), 2 (failed), 4 (missing); "
+                    f"reasons in {sweep / 'summary.md'}; traceback: {sweep / '2' / 'traceback.txt'}")
+    refused_only = make_sweep(tmp_path / "refused", {0: (1.0, 10.0, 0.8), 1: ("failed", "bad input: lr: -1"),
+                                                     **{n: (1.0, 10.0, 0.8) for n in range(2, 6)}})
+    with pytest.raises(SystemExit):
+        SweepReport().on_multirun_end(config_for(refused_only))
+    out = capsys.readouterr().out
+    assert "1 job(s) failed or left no result: 1 (failed); reasons in" in out and "traceback" not in out
+    assert "**failed** — bad input: lr: -1" in (refused_only / "summary.md").read_text()  # where the reason is
+    all_ok = make_sweep(tmp_path / "ok", {n: (1.0, 10.0, 0.8) for n in range(6)})
+    assert report.failed_line(report.build(all_ok)) is None

@@ -1,6 +1,8 @@
 """`python -m memsweep.app.estimate [-m] <overrides> [--grid <overrides>]... [--by <key>]`: estimate a job or
 a sweep grid offline (no training, no weights, no GPU); estimate.json per job, estimate.md for the sweep,
-and with --by a table with one column group per value of that key (e.g. one per GPU)."""
+and with --by a table with one column group per value of that key (e.g. one per GPU). The console shows
+memsweep's lines; what the libraries say (warnings, their lines as they load) goes to <out>/estimate.log
+(run/console.py)."""
 import json
 import os
 import sys
@@ -10,8 +12,7 @@ from pathlib import Path
 from ..config import schema, validate
 from ..config.schema import Config
 from ..errors import EXIT_CODES, ConfigError, outcome, stopped_exit_code
-from ..estimate.core import run_estimate
-from ..run import inputs, stopping
+from ..run import console, inputs, stopping
 from ..sweep import sweepdir
 from ..sweep.estimates import write_pivot_table, write_sweep_table
 
@@ -44,8 +45,6 @@ def jobs_of(overrides: list[str], grids: list[list[str]] | None) -> list[list[st
 def command_line_ok(overrides: list[str], out: Path) -> bool:
     """The command line checked as train.py checks it (one line for `model=nosuch`, `lr=3e−4`, a thousands
     separator in a grid); library warnings from here on to out/estimate.log."""
-    from ..run import console
-
     console.library_noise_to_log(out / "estimate.log")
     try:
         validate.arguments(overrides, multirun=True)
@@ -75,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("outputs/estimate") / time.strftime("%Y-%m-%d/%H-%M-%S")
     if not command_line_ok(args.overrides + [o for grid in args.grid or [] for o in grid], out):
         return EXIT_CODES["bad input"]
+    console.quiet_libraries()  # what torch, torchao, bitsandbytes... say as they load, to out/estimate.log
     started = time.perf_counter()
     jobs = jobs_of(args.overrides, args.grid)
     memo: dict = {}  # one trace per job and device: profiles of one device differ only after it
@@ -111,6 +111,7 @@ def record(job_dir: Path, overrides: list[str], status: str | None = None, reaso
 def estimate_one(job_dir: Path, n: int, overrides: list[str], memo: dict) -> str:
     """Estimate one job into its dir; its status (ok, unsupported, interrupted, failed)."""
     from ..config import hardware
+    from ..estimate.core import run_estimate  # torch and the rest: imported after quiet_libraries
 
     record(job_dir, overrides)
     print(f"[memsweep] #{n} {' '.join(overrides)}", flush=True)

@@ -8,10 +8,11 @@ memory, so a sweep loses nothing and goes on to its next job (or, stopped, keeps
 Bad input is refused in seconds: this module imports torch, transformers and the rest only once the
 input has passed `validate`.
 """
+import functools
 import gc
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,8 +24,8 @@ from ..config import validate
 from ..config.schema import Config, Mode
 from ..errors import BAD_INPUT, EXIT_CODES, ConfigError, exit_code, outcome
 from ..measure import counters, shapes
-from ..run import inputs, results, stopping
-from ..run.results import Result
+from ..run import inputs, results, stopping, task, validate_model
+from ..run.results import Memory, Result
 from ..sweep import resume, sweepdir, wandb_log
 
 
@@ -39,6 +40,17 @@ class Context:
     @property
     def name(self) -> str:
         return sweepdir.job_name(self.overrides)
+
+
+@dataclass
+class JobLog:
+    """The job's W&B run, started once its input is accepted (`start`): a refused job writes its
+    results.json and nothing else."""
+    begin: Callable[[], Any]
+    run: Any = None
+
+    def start(self) -> None:
+        self.run = self.begin()
 
 
 def hydra_context() -> Context:
@@ -66,10 +78,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
                 return launch.run_secondary_task(OmegaConf.to_object(cfg), ctx.job_dir)
         res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
-        with finishing(res, ctx, cfg) as wandb_run, stopping.interruptible("while setting the job up"):
-            body(cfg, res, ctx.job_dir, wandb_run)
-        print_summary(res, ctx.job_dir, advice=cfg.mode == Mode.train)  # an estimate printed its own
-        if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
+        with finishing(res, ctx, cfg) as log, stopping.interruptible("while setting the job up"):
+            body(cfg, res, ctx.job_dir, log)
+        # an estimate printed its own advice
+        print_summary(res, ctx.job_dir, advice=cfg.mode == Mode.train, images=task.images(cfg.task))
+        if (run_at := wandb_log.where(log.run)) is not None:  # wandb's own block is off (wandb_log)
             print(f"[memsweep] W&B run: {run_at}", flush=True)
         stopping.hand_over()  # stopped by the cluster's signal: submitit requeues the job
     code = exit_code(res.status, res.reason)
@@ -93,14 +106,22 @@ def not_started(cfg: DictConfig, signum: int) -> dict[str, Any]:
     return res.to_dict()
 
 
-def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
+def body(cfg: DictConfig, res: Result, job_dir: Path, log: JobLog) -> None:
     """What the job does, in order; any exception is its ending (see finishing)."""
     from ..run import console
 
     job: Config = validate.settings(cfg)  # bad input is refused before any work, in every mode
     res.lr_source = lr_source(job, res.overrides)
-    console.library_noise_to_log()  # the libraries the next checks import warn as they load
+    console.quiet_libraries()  # before the first heavy import: what the libraries say as they load, to the job log
     inputs.inputs(job)
+    if (change := validate_model.shape_change(job)) is not None and change.alters:  # said, never silent
+        res.effective["pretrained_shape"] = change.record()
+        print(change.line(), flush=True)
+    if job.mode == Mode.plan:
+        from ..planner import space
+
+        space.check_plan_keys(job)  # what the plan's lists name
+    log.start()  # the input is accepted: a refused job leaves results.json alone, no W&B run
     from ..config import hardware
     from ..run import launch, procenv
     from ..techniques import rules
@@ -142,7 +163,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     else:
         from ..run.train_loop import train_and_evaluate
 
-        train_and_evaluate(job, profile, job_dir, res, wandb_run)
+        train_and_evaluate(job, profile, job_dir, res, log.run)
 
 
 def lr_source(job: Config, overrides: list[str]) -> str:
@@ -165,18 +186,18 @@ def warn_if_emulated(job: Config, profile, res: Result) -> None:
 
 
 @contextmanager
-def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
-    """Start the job's W&B run; whatever happens inside, end with a status, results.json written,
-    the W&B run finished and memory freed. Exceptions become the result, never a lost sweep."""
+def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[JobLog]:
+    """Whatever happens inside, end with a status, results.json written, the W&B run (if the job started
+    one) finished and memory freed. Exceptions become the result, never a lost sweep."""
     started = time.perf_counter()
     ctx.job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes it; a job called another way may not have it
     counters.reset_cuda_peak()
     logger = OmegaConf.to_object(cfg.logger)
-    wandb_run = wandb_log.start(logger, ctx.job_dir, group=ctx.wandb_group, name=ctx.name, job_type="train",
-                                config=results.container(cfg),
-                                tags=[o.replace("=", ":") for o in ctx.overrides] or ["default"])
+    log = JobLog(functools.partial(wandb_log.start, logger, ctx.job_dir, group=ctx.wandb_group, name=ctx.name,
+                                   job_type="train", config=results.container(cfg),
+                                   tags=[o.replace("=", ":") for o in ctx.overrides] or ["default"]))
     try:
-        yield wandb_run
+        yield log
         res.end("ok", None)
     except Exception as exc:  # noqa: BLE001 - every error is a result, not a lost sweep
         res.end(*outcome(exc))
@@ -190,9 +211,9 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
         res.memory.device_used_bytes, res.memory.cuda_context_bytes = counters.device_used_peak()
         saved = res.to_dict()
         results.write(ctx.job_dir / results.RESULTS_FILE, saved)
-        if wandb_run is not None:
-            wandb_run.config.update({"effective": res.effective}, allow_val_change=True)
-        wandb_log.finish(wandb_run, results.flatten({k: v for k, v in saved.items() if k != "versions"}),
+        if log.run is not None:
+            log.run.config.update({"effective": res.effective}, allow_val_change=True)
+        wandb_log.finish(log.run, results.flatten({k: v for k, v in saved.items() if k != "versions"}),
                          exit_code=wandb_exit_code(res))
         gc.collect()
         counters.reset_cuda_peak()
@@ -210,8 +231,14 @@ def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
-    """The job's lines: its ending, what it measured and for which shape, and (`advice`) the tensor-core advice."""
+def _batch(micro_batch: int | None, mem: Memory, images: bool) -> str:
+    """The measured step's shape: its micro-batch in images, or x the tokens it was padded to."""
+    return f"micro-batch {micro_batch} images" if images else f"micro-batch {micro_batch} x {mem.ledger_seq_len} tokens"
+
+
+def print_summary(res: Result, job_dir: Path, advice: bool = True, images: bool = False) -> None:
+    """The job's lines: its ending, what it measured and for which shape (`images`: an image task's, counted in
+    images, not tokens), and (`advice`) the tensor-core advice."""
     m, t, mem = res.metrics, res.time, res.memory
     name = sweepdir.job_name(res.overrides)
     lines = [f"[memsweep] {name}: {res.status}" + (f" ({res.reason})" if res.reason else "")]
@@ -223,8 +250,7 @@ def print_summary(res: Result, job_dir: Path, advice: bool = True) -> None:
         at_peak = mem.peak_breakdown or {}
         lines.append(f"  peak {_mib(mem.peak_bytes)} = " + " + ".join(
             f"{part} {_mib(at_peak.get(part, 0))}" for part in ("params", "grads", "optimizer", "activations", "temp"))
-            + f" + other (step {mem.ledger_step}, micro-batch {res.effective.get('micro_batch_size')} x "
-            f"{mem.ledger_seq_len} tokens)")
+            + f" + other (step {mem.ledger_step}, {_batch(res.effective.get('micro_batch_size'), mem, images)})")
         lines.append(f"  gradients {_mib(mem.grads_bytes)}, held for backward {_mib(mem.activations_bytes)}")
         predicted = results.estimate_vs_measured(res.to_dict())
         if predicted["estimate_peak_bytes"]:

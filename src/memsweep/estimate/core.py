@@ -89,7 +89,8 @@ def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: 
     # pages come anew only where freed host memory goes back to the OS: not under the job's malloc_reuse
     timing = roofline.step_time(traced, setup, profile, pages_anew=not (job.malloc_reuse or host_memory.in_effect()),
                                 model_type=config.model_type, distributed=job.distributed)
-    tokens = setup.micro_batch_size * setup.accumulation_steps * job.max_seq_len
+    # an image counts no tokens (max_seq_len does not apply to it)
+    tokens = None if task.images(job.task) else setup.micro_batch_size * setup.accumulation_steps * job.max_seq_len
     return Estimate(
         method="adjusted trace" if adjusted else "trace", method_reason=adjusted, hardware=profile.name,
         device=profile.device, micro_batch_size=setup.micro_batch_size, accumulation_steps=setup.accumulation_steps,
@@ -101,14 +102,14 @@ def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: 
         flops_per_step=traced.flops_per_step, flops_source="torch.utils.flop_counter, per op", compute_dtype=key,
         peak_tflops=tflops,
         step_time_s=traced.flops_per_step / (tflops * 1e12) if tflops else None,
-        predicted_step_s=timing.step_s, tokens_per_s=tokens / timing.step_s if timing.step_s else None,
+        predicted_step_s=timing.step_s, tokens_per_s=tokens / timing.step_s if tokens and timing.step_s else None,
         step_time=timing,
         trace=traced.to_dict(left_out=BULKY),
         total_params=traced.total_params, trainable_params=traced.trainable_params, architecture_source=source,
         notes=notes_for(setup, profile, adjusted) + history_note(job, profile),
         per_rank=None if traced.per_rank is None else [r.to_dict() for r in traced.per_rank],
         shape_advice=shapes.audit(profile, setup.micro_batch_size, getattr(config, "vocab_size", None),
-                                 job.data.pad_to_multiple_of),
+                                 job.data.pad_to_multiple_of, images=task.images(job.task)),
         seconds=round(time.perf_counter() - started, 2), **device)
 
 
@@ -217,5 +218,5 @@ def run_estimate(job: Config, profile: HardwareConf, job_dir: Path, memo: dict |
     rules.refuse_unsupported(job, profile, skip=("no-gpu",))
     est = estimate_job(job, profile, memo=memo).to_dict()
     results.write(Path(job_dir) / ESTIMATE_FILE, est)  # atomic, as results.json
-    print(summary_line(est), flush=True)
+    print(summary_line(est, images=task.images(job.task)), flush=True)
     return est

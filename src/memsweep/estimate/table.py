@@ -11,20 +11,24 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / GIB:.2f}"
 
 
-def shape(est: dict[str, Any]) -> str:
-    """The shape an estimate answers for: micro-batch x sequence length (and the accumulation steps)."""
+def shape(est: dict[str, Any], images: bool = False) -> str:
+    """The shape an estimate answers for: micro-batch x sequence length, or of an image task the micro-batch
+    in images (max_seq_len does not apply to them); and the accumulation steps."""
     steps = est.get("accumulation_steps") or 1
-    return (f"micro-batch {est.get('micro_batch_size')} x {est.get('seq_len')} tokens"
-            + (f" x {steps} accumulation steps" if steps > 1 else ""))
+    batch = (f"micro-batch {est.get('micro_batch_size')} images" if images
+             else f"micro-batch {est.get('micro_batch_size')} x {est.get('seq_len')} tokens")
+    return batch + (f" x {steps} accumulation steps" if steps > 1 else "")
 
 
-def summary_line(est: dict[str, Any]) -> str:
+def summary_line(est: dict[str, Any], images: bool = False) -> str:
+    """The lines a job prints for its estimate: the answer for its shape (`images`: an image task's), and the
+    tensor-core flags and advice."""
     fits = {True: "fits", False: "DOES NOT FIT", None: "capacity unknown"}[est["fits"]]
     time_s = _predicted_time(est)
     # on a GPU the total takes reserved on the safe side of packing: both figures shown
     packing = (f" (reserved {_gib(est['peak_reserved_bytes'])} GiB, upper {_gib(est['reserved_upper_bytes'])} GiB)"
                if est.get("reserved_upper_bytes") is not None else "")
-    return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']} for {shape(est)}: "
+    return "\n".join([f"[memsweep] estimate ({est['method']}) on {est['hardware']} for {shape(est, images)}: "
                       f"{_gib(est['total_bytes'])} GiB{packing} of {_gib(est['capacity_bytes'])} GiB, {fits}; "
                       f"{est['flops_per_step'] / 1e12:.2f} TFLOP/step, {time_s}",
                       *shapes.lines(est.get("shape_advice"))])

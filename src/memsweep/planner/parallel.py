@@ -9,6 +9,9 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
+
+from ..run import console
 
 # a worker's traces and floors, kept across the units it is given
 _memo: dict = {}
@@ -25,7 +28,8 @@ def cpus() -> int:
     return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
-def _start() -> None:
+def _start(log: Path | None) -> None:
+    console.worker_output_to(log)  # its rows and lines come back to the plan's process, which prints them
     # the terminal's Ctrl-C reaches every process of its group: the plan's own process handles it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
@@ -44,7 +48,8 @@ def map_units(search_unit: Callable, job, units: list, processes: int, progress:
     """[search_unit(job, unit, memo, progress) for each unit], run in `processes` workers; each unit's progress
     lines are printed as it finishes."""
     out: list = [None] * len(units)
-    with multiprocessing.get_context("spawn").Pool(processes, initializer=_start) as pool:
+    log = console.root_log_file()  # the job log: what the libraries print in a worker goes there
+    with multiprocessing.get_context("spawn").Pool(processes, initializer=_start, initargs=(log,)) as pool:
         tasks = [(i, search_unit, job, unit) for i, unit in enumerate(units)]
         for index, rows, lines in pool.imap_unordered(_run, tasks):
             out[index] = rows

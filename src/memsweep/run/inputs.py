@@ -25,7 +25,9 @@ def inputs(checked: Config) -> None:
     training its capacity and the data."""
     validate_names.names(checked)
     tflops(checked.hardware.tflops)
+    task_data(checked)
     rendezvous(checked)
+    backend(checked)
     validate_model.check_model(checked)
     if checked.mode == Mode.train:
         validate_model.capacity(checked)
@@ -57,13 +59,51 @@ def rendezvous(job: Config) -> None:
                                                        "machine, e.g. distributed.rdzv_endpoint=10.0.0.1:29500")
 
 
+def task_data(job: Config) -> None:
+    """The data can feed the task (images to an image task, text to a text task): a fact of the keys alone, so
+    every mode refuses it (an estimate of a job that cannot train answers nothing)."""
+    if (why := _images_mismatch(job)) is not None:
+        raise ConfigError("data", why)
+
+
+# distributed.backend -> the device its collectives run on (torch.distributed's backends; TrainingArguments'
+# ddp_backend choices): xccl Intel GPUs, hccl Ascend/Gaudi, cncl Cambricon, mccl Moore Threads; memsweep trains on
+# the CPU or CUDA GPUs only (hardware.device).
+BACKEND_DEVICES = {"gloo": ("cpu", "cuda"), "mpi": ("cpu", "cuda"), "nccl": ("cuda",), "xccl": ("xpu",),
+                   "hccl": ("npu", "hpu"), "cncl": ("mlu",), "mccl": ("musa",)}
+
+
+def backend(job: Config) -> None:
+    """A training job of several ranks uses a backend this machine can run, before any rank starts (Accelerate
+    refuses nccl without CUDA inside each rank, after torchrun started them all)."""
+    from ..config.choices import Device
+
+    name = job.distributed.backend
+    if job.mode != Mode.train or job.distributed.world_size == 1 or name not in BACKEND_DEVICES:
+        return  # one process uses no backend; auto is Accelerate's choice for the device
+    import torch
+
+    device = "cuda" if job.hardware.device != Device.cpu and torch.cuda.is_available() else "cpu"
+    usable = [b for b, devices in BACKEND_DEVICES.items() if device in devices
+              and (b != "mpi" or torch.distributed.is_mpi_available())]
+    if name in usable:
+        return
+    if device in BACKEND_DEVICES[name]:  # mpi: torch built without it
+        why = f"{name} is not built into this torch (torch.distributed.is_mpi_available() is False)"
+    elif device == "cpu" and job.hardware.device != Device.cpu:
+        why = f"{name} needs {' or '.join(BACKEND_DEVICES[name])} and this machine has no CUDA GPU"
+    else:
+        why = f"{name} needs {' or '.join(BACKEND_DEVICES[name])} and the job trains on {device} (hardware.device=" \
+              f"{job.hardware.device.value})"
+    raise ConfigError("distributed.backend", f"{why}; allowed: auto (gloo on the CPU, nccl on CUDA GPUs), "
+                                             f"{', '.join(usable)}")
+
+
 def data(job: Config) -> None:
     """What a training job will read, before it loads anything for training: the data's columns, sizes
     and classes (an error of the reader itself is bad input about the data)."""
     from . import data as text
 
-    if _images_mismatch(job) is not None:
-        raise ConfigError("data", _images_mismatch(job))
     if task.images(job.task):
         from . import images
 

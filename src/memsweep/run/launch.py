@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import STATUS_EXCEPTIONS, ConfigError
-from . import procenv, rank, stopping
+from . import ds_ops, procenv, rank, stopping
 from .results import Result, read
 
 
@@ -117,6 +117,9 @@ def run_torchrun(job, job_dir: Path) -> int:
     shutil.rmtree(ranks_dir, ignore_errors=True)  # a resumed job must not read an old attempt's files
     ranks_dir.mkdir(parents=True)
     OmegaConf.save(OmegaConf.structured(job), ranks_dir / rank.JOB_FILE)
+    from ..techniques import traits_of
+
+    ds_ops.load(traits_of(job))  # built once here, not by each rank at once
     env = procenv.without_group_variables()
     if job.threads is None:  # the cores shared out between the node's ranks (torchrun's own default is 1)
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.distributed.nproc))

@@ -228,6 +228,8 @@ def load_model(cfg: ModelConf, num_labels: int, load_kwargs: dict[str, Any], aut
         from transformers import AutoModelForSequenceClassification as auto_class
     config, _ = hf_config(cfg, num_labels, download=True, tokenizer=tokenizer)
     source = tiny_checkpoint(config, auto_class) if cfg.source == ModelSource.tiny else weights_source(cfg)
+    if cfg.new_parts_random and cfg.source != ModelSource.tiny:  # a wider tensor than the weights': random, as asked
+        load_kwargs = {**load_kwargs, "ignore_mismatched_sizes": True}  # (validate_model.shape_change counts them)
     try:
         return auto_class.from_pretrained(source, config=config, **load_kwargs)
     except OSError as exc:

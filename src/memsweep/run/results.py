@@ -86,6 +86,41 @@ class Memory(Section):
     per_rank: list[dict[str, Any]] | None = None  # multi-process jobs: each rank's ledger
 
 
+@dataclass(frozen=True)
+class RowCounts:
+    """What became of the rows a job's data had (every split it read, before train_size and eval_size are drawn):
+    none is left out without being counted (run/data.py, run/images.py)."""
+    rows_read: int = 0
+    invalid_rows_dropped: int = 0  # could not be used (no text, no label, a label that is no class): data.drop_invalid
+    rows_outside_labels: int = 0  # a label data.labels does not keep: left out on purpose
+    duplicate_rows_dropped: int = 0  # a text seen before: data.drop_duplicates
+
+    def __add__(self, other: "RowCounts") -> "RowCounts":
+        return RowCounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def summary(self) -> str | None:
+        """One console line when rows were left out (None when every row read is used)."""
+        parts = [f"{n:,} {what}" for n, what in (
+            (self.invalid_rows_dropped, "that cannot be used dropped (data.drop_invalid=true)"),
+            (self.rows_outside_labels, "left out by data.labels"),
+            (self.duplicate_rows_dropped, "duplicate texts dropped (data.drop_duplicates)")) if n]
+        left = self.rows_read - self.invalid_rows_dropped - self.rows_outside_labels - self.duplicate_rows_dropped
+        return f"[memsweep] data: {self.rows_read:,} rows read, {', '.join(parts)}; {left:,} left" if parts else None
+
+
+@dataclass
+class DataFacts(Section):
+    """What the job trained and evaluated on, and what became of the rows its data had (RowCounts' fields)."""
+    train_examples: int | None = None
+    eval_examples: int | None = None
+    labels: list[str] | None = None
+    train_tokens_seen: int | None = None  # non-padding: which examples were trained on, in total
+    rows_read: int | None = None
+    invalid_rows_dropped: int | None = None
+    rows_outside_labels: int | None = None
+    duplicate_rows_dropped: int | None = None
+
+
 @dataclass
 class Result:
     status: str = "failed"
@@ -103,7 +138,7 @@ class Result:
     estimate: dict[str, Any] | None = None  # the estimator's prediction, made before training
     shape_advice: dict[str, Any] | None = None  # tensor-core shape flags on a GPU profile (shapes.py)
     hardware: dict[str, Any] | None = None  # the resolved hardware profile
-    data: dict[str, Any] = field(default_factory=dict)
+    data: DataFacts = field(default_factory=DataFacts)
     versions: dict[str, str | None] = field(default_factory=dict)
 
     @classmethod

@@ -90,6 +90,8 @@ class Found:
     modules: tuple[str, ...]  # every module's dotted name
     adaptable: tuple[str, ...]  # the layers LoRA can adapt: linear, embedding, convolution
     parameters: int
+    # each adaptable layer's narrower side (min of its weight's first two dims): the most rank a LoRA update has
+    widths: tuple[int, ...] = ()
 
 
 _FOUND: dict[int, Found] = {}
@@ -108,9 +110,10 @@ def found(job) -> Found:
     model = meta_model(job.model, auto_class(job.task), num_labels(job.task, job.data.labels))
     if id(model) not in _FOUND:  # meta models are kept for the process: the id stays theirs
         names = tuple(n for n, _ in model.named_modules() if n)
-        _FOUND[id(model)] = Found(discover(model), names,
-                                  tuple(n for n, m in model.named_modules() if _is_adaptable(m)),
-                                  sum(p.numel() for p in model.parameters()))
+        adaptable = [(n, m) for n, m in model.named_modules() if _is_adaptable(m)]
+        _FOUND[id(model)] = Found(discover(model), names, tuple(n for n, _ in adaptable),
+                                  sum(p.numel() for p in model.parameters()),
+                                  tuple(min(m.weight.shape[:2]) for _, m in adaptable))
     return _FOUND[id(model)]
 
 

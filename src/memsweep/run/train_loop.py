@@ -1,7 +1,7 @@
 """Build the job from its setup, train it with Trainer, evaluate it, and fill in the results."""
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -15,7 +15,7 @@ from ..measure.ledger import LedgerCallback, effective, param_bytes
 from ..measure.steptime import StepTimer
 from ..techniques import offload, optim
 from . import data as data_mod
-from . import images, procenv, stopping, task
+from . import ds_ops, images, procenv, stopping, task
 from . import model as model_mod
 from .results import Result
 from .setup import Setup, build_setup
@@ -97,6 +97,7 @@ def build(job: Config, profile: HardwareConf, job_dir: Path, run=None) -> Built:
     setup = build_setup(job, profile)
     if setup.process_group:
         procenv.enter_group_of_one()  # left again by release(), also when building fails
+    ds_ops.load(setup.techniques)  # DeepSpeed's ops, built here on their first use (one line says so)
 
     tokenizer, data = load_data(job)
     model = setup.transform(model_mod.load_model(job.model, task.num_labels(job.task, data.label_names),
@@ -137,7 +138,7 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
             built = build(job, profile, job_dir, run)
         res.shape_advice = shapes.audit(profile, built.trainer.setup.micro_batch_size,
                                            getattr(built.trainer.model.config, "vocab_size", None),
-                                        job.data.pad_to_multiple_of)
+                                        job.data.pad_to_multiple_of, images=task.images(job.task))
         model = built.trainer.model
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM
@@ -149,7 +150,10 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
 def _train_and_evaluate(built: Built, job: Config, profile: HardwareConf, res: Result, run,
                         setup_started: float) -> None:
     trainer, data = built.trainer, built.data
-    res.data = {"train_examples": len(data.train), "eval_examples": len(data.eval), "labels": data.label_names}
+    res.data.update(asdict(data.rows), train_examples=len(data.train), eval_examples=len(data.eval),
+                    labels=data.label_names)
+    if (left_out := data.rows.summary()) is not None:  # no row is left out silently (run/data.py)
+        print(left_out, flush=True)
     # One process: a stop ends training after the optimizer step in progress (StopCallback). The ranks
     # of a multi-process job must not stop at different steps (the others would wait in a collective
     # forever): there a signal interrupts the step at once and torchrun ends the other ranks.
@@ -188,7 +192,7 @@ def record_training(built: Built, out, profile: HardwareConf, res: Result) -> No
         res.time.update(eval_before_s=round(before["eval_runtime"], 3))
     train_s = runtime - (res.time.eval_before_s or 0.0)
     tokens = trainer.tokens_seen()
-    res.data["train_tokens_seen"] = tokens  # non-padding: which examples were trained on, in total
+    res.data.train_tokens_seen = tokens  # non-padding: which examples were trained on, in total
     res.metrics.train_loss = float(out.training_loss)
     res.time.update(train_s=round(train_s, 3),
                     samples_per_s=round(out.metrics["train_samples_per_second"] * runtime / train_s, 3),

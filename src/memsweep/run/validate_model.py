@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config.schema import CONF_DIR, Config, Mode, ModelConf, ModelSource, is_on
 from ..errors import ConfigError, bad_input, naming
@@ -25,11 +25,14 @@ def check_model(job: Config) -> None:
         _sizes(job, config, values)
         _special_tokens(job, config)
     _positions(job, config, source)
+    _patches(job, config)
     _task(job, config)
     _tokenizer(job, config, source)
     with building(job.model, f"values {config.model_type!r} models can be built with"):
         found = structure_of(job)  # what the constructor refuses (e.g. an activation it does not know)
     _modules(job, found)
+    _lora_rank(job, found)
+    _pretrained_shape(job)
 
 
 def _architecture_key(cfg: ModelConf) -> str:
@@ -120,6 +123,25 @@ def _positions(job: Config, config, source: str) -> None:
     if isinstance(limit, int) and job.max_seq_len > limit:
         raise ConfigError("max_seq_len", f"{job.max_seq_len} is above the model's position limit; allowed: an "
                                          f"integer from 1 to {limit} (max_position_embeddings, {source})")
+
+
+def _pair(value) -> tuple:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value, value)
+
+
+def _patches(job: Config, config) -> None:
+    """An image model's patch fits in its image: the patch embedding is a convolution with the patch as kernel
+    and stride (ViT, DINOv2), so a larger patch leaves no patch and the first forward fails. A remainder
+    (image_size not a multiple of patch_size) is not refused: the stride drops those edge pixels, as
+    transformers' num_patches (image_size // patch_size) counts."""
+    image, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
+    if image is None or patch is None:
+        return
+    for side, size in zip(_pair(image), _pair(patch)):
+        if not isinstance(size, int) or not isinstance(side, int) or not 1 <= size <= side:
+            raise ConfigError(blame(job.model, "patch_size", "image_size"),
+                              f"{patch} is not a patch size for images of {image} pixels; allowed: an integer from 1 "
+                              f"to {side} (image_size: the patch embedding needs at least one patch per image)")
 
 
 def _models_for(task) -> list[str]:
@@ -216,6 +238,22 @@ def _modules(job: Config, found) -> None:
                 raise ConfigError(key, f"{name!r} is not a module of model={job.model.name}; allowed: {allowed}")
 
 
+def _lora_rank(job: Config, found) -> None:
+    """lora.r within the narrowest layer LoRA adapts: an update B @ A of a (out x in) weight has rank at most
+    min(out, in), so a larger r adds parameters and time and nothing the update can express."""
+    if not is_on(job.lora):
+        return
+    targets = job.lora.target_modules
+    names = (job.model.attention_modules or found.structure.attention) if targets is None else targets
+    layers = found.structure.layers + "."
+    widths = [(w, n) for n, w in zip(found.adaptable, found.widths, strict=True)
+              if (n.startswith(layers) if names == "all-linear" else any(n == t or n.endswith("." + t) for t in names))]
+    if widths and job.lora.r > min(widths)[0]:
+        width, name = min(widths)
+        raise ConfigError("lora.r", f"{job.lora.r} is above the rank the narrowest adapted layer allows ({name}: "
+                                    f"{width} features); allowed: an integer from 1 to {width}")
+
+
 def capacity(job: Config) -> None:
     """A training job's capacity holds at least the weights (a lower bound: 4-bit or 8-bit where LoRA
     quantizes, else the precision's stored bytes); below it the job could only run out of memory."""
@@ -234,3 +272,100 @@ def capacity(job: Config) -> None:
                                                  f"{weights / 2**30:.3f} GiB); allowed: more than "
                                                  f"{weights / 2**30:.3f} (or null: the device's memory); "
                                                  "mode=estimate answers what fits")
+
+
+# The config.json keys of a pretrained model's shape, in the order a refusal names them: the first that adds
+# parameters its weights do not hold. Fewer blocks (a smaller num_hidden_layers) is not named: it only leaves
+# the last pretrained blocks out; max_position_embeddings last: a rotary model holds no weights for it.
+SHAPE_ORDER = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "vocab_size")
+
+
+class ShapeChange(NamedTuple):
+    """How the model a pretrained model's size keys ask for differs from its weights (model.new_parts_random)."""
+    model: str
+    changed: tuple[tuple[str, str, Any, Any], ...]  # (memsweep key, config.json key, pretrained value, asked value)
+    new_parameters: int  # parameters its weights do not hold (a name they lack, or another shape): random at load
+    dropped_parameters: int  # pretrained parameters the asked model has no place for (fewer blocks)
+    regrouped_heads: bool  # attention weights of the same shapes split into another number of heads
+
+    @property
+    def alters(self) -> bool:
+        """Whether the asked model is other than the pretrained one (new, left out or regrouped weights)."""
+        return bool(self.new_parameters or self.dropped_parameters or self.regrouped_heads)
+
+    def record(self) -> dict[str, Any]:
+        """results.json's `effective.pretrained_shape`."""
+        return {"changed": {key: [before, after] for key, _, before, after in self.changed},
+                "new_parameters": self.new_parameters, "dropped_parameters": self.dropped_parameters,
+                "regrouped_heads": self.regrouped_heads}
+
+    def line(self) -> str:
+        """The job's console line."""
+        changes = ", ".join(f"{key} {before} -> {after}" for key, _, before, after in self.changed)
+        heads = "; its attention weights are regrouped into other heads" if self.regrouped_heads else ""
+        return (f"[memsweep] model: {changes} changes the pretrained model={self.model}: {self.new_parameters:,} "
+                f"parameters randomly initialised, {self.dropped_parameters:,} pretrained parameters left out{heads}")
+
+
+def _shape_of(model) -> dict[str, tuple[tuple[int, ...], int]]:
+    return {name: (tuple(p.shape), p.numel()) for name, p in model.named_parameters()}
+
+
+def shape_change(job: Config) -> ShapeChange | None:
+    """The size keys and model.overrides of a model with pretrained weights against its weights' own config
+    (both built on the meta device: no weights); None for a random (tiny) model, a hub model whose config.json
+    is not on disk (nor shipped: its keys are its description), or when no key changes it."""
+    import dataclasses
+
+    from . import model, task
+
+    cfg = job.model
+    asked = model.overrides(cfg)
+    if cfg.source == ModelSource.tiny or not asked:
+        return None
+    base = dataclasses.replace(cfg, overrides={}, **{key: None for key in model.SIZE_KEYS})
+    if model.config_file(base)[0] is None:  # a hub model its keys describe (config.json not on disk): no other
+        return None
+    before, after = model.hf_config(base)[0], model.hf_config(cfg)[0]
+    order = [k for k in SHAPE_ORDER if k in asked] + [k for k in asked if k not in SHAPE_ORDER]
+    changed = tuple((blame(cfg, k), k, getattr(before, k, None), getattr(after, k, None)) for k in order
+                    if getattr(before, k, None) != getattr(after, k, None))
+    if not changed:
+        return None
+    head = (task.auto_class(job.task), task.num_labels(job.task, job.data.labels))
+    old, new = _shape_of(model.meta_model(base, *head)), _shape_of(model.meta_model(cfg, *head))
+    added = sum(n for name, (shape, n) in new.items() if name not in old or old[name][0] != shape)
+    dropped = sum(n for name, (_, n) in old.items() if name not in new)
+    heads = any(k in ("num_attention_heads", "num_key_value_heads") for _, k, _, _ in changed)
+    return ShapeChange(cfg.name, changed, added, dropped, heads and not added)
+
+
+def _pretrained_shape(job: Config) -> None:
+    """A pretrained model's size keys may leave blocks out, but not add parts its weights do not hold (more
+    blocks, a wider layer, another vocabulary or head count) unless model.new_parts_random=true says random
+    new parts are meant: transformers would initialise them silently (a wider tensor: all of it)."""
+    change = shape_change(job)
+    if change is None or job.model.new_parts_random or not (change.new_parameters or change.regrouped_heads):
+        return
+    key, hf, before, after = next((c for c in change.changed if not (
+        c[1] == "num_hidden_layers" and isinstance(c[3], int) and c[3] < c[2])), change.changed[0])
+    where = _source(job)
+    what = (f"its attention weights would be regrouped into {after} heads, which they were not trained as"
+            if change.regrouped_heads else
+            f"{change.new_parameters:,} parameters its weights do not hold would be randomly initialised")
+    fewer = " (fewer keeps the first blocks' weights)" if hf == "num_hidden_layers" else ""
+    others = [f"{k} {b} -> {a}" for k, _, b, a in change.changed if k != key]
+    raise ConfigError(key, f"{after} where the pretrained model={job.model.name} has {before} ({where}): {what}"
+                           + (f" (with {', '.join(others)})" if others else "")
+                           + f"; allowed: {'at most ' if fewer else ''}{before}{fewer} or null, or set "
+                           "model.new_parts_random=true if " + ("a model other than the pretrained one is meant"
+                                                                if change.regrouped_heads else
+                                                                "random new parts are meant"))
+
+
+def _source(job: Config) -> str:
+    """Where the pretrained config comes from, in words."""
+    from . import model
+
+    return model.config_file(job.model)[1]

@@ -27,6 +27,7 @@ from .plots import GIB, PARTS
 from .sweepdir import SweepError, SweepJob, as_dict
 
 FILES = ("summary.csv", "summary.md", "memory.png", "tradeoff.png")
+TRACEBACK_FILE = "traceback.txt"  # what a job that raised an error writes (app/job.py); bad input writes none
 ReportError = SweepError  # bad input: not a sweep dir, or a baseline that names no job
 
 
@@ -50,6 +51,17 @@ class Summary:
     def unfinished(self) -> list[SweepJob]:
         """Jobs a stop ended or kept from starting: resume runs them."""
         return [j for j in self.jobs if j.status in ("interrupted", "not started")]
+
+
+def failed_line(summary: Summary) -> str | None:
+    """The line a sweep with failed or lost jobs ends with: which, where their reasons are (summary.md), and a
+    traceback only where a job wrote one (a refused job's reason is its one line: bad input, exit 2)."""
+    if not summary.failed:
+        return None
+    listed = ", ".join(f"{j.num} ({j.status})" for j in summary.failed)
+    traces = [str(j.dir / TRACEBACK_FILE) for j in summary.failed if j.dir and (j.dir / TRACEBACK_FILE).is_file()]
+    return (f"[memsweep] error: {len(summary.failed)} job(s) failed or left no result: {listed}; reasons in "
+            f"{summary.sweep_dir / 'summary.md'}" + (f"; traceback: {', '.join(traces)}" if traces else ""))
 
 
 # --- the baseline -----------------------------------------------------------------------------

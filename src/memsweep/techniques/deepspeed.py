@@ -4,7 +4,12 @@ The DeepSpeed JSON is generated from the composed config, with "auto" wherever T
 in from its own arguments, so batch size, accumulation, precision and clipping never disagree.
 Beside the stage and offload, the two keys that size ZeRO's gradient buffers on the device:
 reduce_bucket_size and overlap_comm (one bucket, or two to reduce while backward runs).
+DeepSpeed's compiled ops are not built at install: its op builders build them where a job first needs
+them (run/ds_ops.py), with ninja and a C++ compiler (`can_build_ops`).
 """
+import os
+import shutil
+import sys
 from dataclasses import dataclass
 
 from ..config.schema import is_on
@@ -50,7 +55,7 @@ def ds_config(cfg) -> dict:
         "wall_clock_breakdown": False,
     }
     if cfg.offload_optimizer:
-        # Offloaded state is stepped on the CPU by DeepSpeed's CPUAdam (prebuilt at install), not the client optimizer.
+        # Offloaded state is stepped on the CPU by DeepSpeed's CPUAdam (its cpu_adam op), not the client optimizer.
         config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                            "weight_decay": "auto"}}
     return config
@@ -60,3 +65,24 @@ def apply(cfg, setup) -> None:
     if traits(cfg).on:
         setup.process_group = True
         setup.args["deepspeed"] = ds_config(cfg)
+
+
+def op_builders(t: Traits) -> tuple[str, ...]:
+    """The compiled ops DeepSpeed's engine loads for this job, by their op builder's class name: its
+    shared-memory collectives (comm/torch.py's build_shm_op, for every engine; CPU accelerator only) and,
+    with offloaded optimizer state, CPUAdam's cpu_adam op."""
+    if not t.on:
+        return ()
+    return ("ShareMemCommBuilder",) + (("CPUAdamBuilder",) if t.offload_optimizer else ())
+
+
+def ninja_dir() -> str | None:
+    """The folder of the ninja that builds DeepSpeed's ops: on PATH, or beside this Python (the ninja
+    package's, in a virtualenv that is not activated: torch runs plain `ninja`)."""
+    found = shutil.which("ninja") or shutil.which("ninja", path=os.path.dirname(sys.executable))
+    return os.path.dirname(found) if found else None
+
+
+def can_build_ops() -> bool:
+    """Whether DeepSpeed can build an op on first use here: ninja and a C++ compiler (torch's $CXX or c++)."""
+    return ninja_dir() is not None and shutil.which(os.environ.get("CXX", "c++")) is not None

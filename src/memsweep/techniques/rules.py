@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..config.schema import Config, HardwareConf
 from ..errors import Unsupported
-from . import Techniques, traits_of
+from . import Techniques, deepspeed, traits_of
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,14 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _ds_op_prebuilt(op: str) -> bool:
-    """A DeepSpeed op built at install (DS_BUILD_*=1), so it does not compile for minutes at run time."""
+def _ds_op_available(op: str) -> bool:
+    """A DeepSpeed op the job can load: built into the installed DeepSpeed (DS_BUILD_<OP>=1), or built by
+    DeepSpeed on first use (run/ds_ops.py), which needs ninja and a C++ compiler."""
     spec = importlib.util.find_spec("deepspeed")
     if spec is None:
         return False
+    if deepspeed.can_build_ops():
+        return True
     from pathlib import Path
 
     root = Path(spec.submodule_search_locations[0]) / "ops"
@@ -62,9 +65,9 @@ RULES: list[Rule] = [
     Rule("offload-needs-adam", lambda t, hw: (t.deepspeed.offload_optimizer or t.deepspeed.offload_param)
          and (t.optim.rule != "adamw" or t.optim.kernels != "torch"),
          "ZeRO offload steps the optimizer on the CPU with DeepSpeed's CPUAdam: use optim=adamw"),
-    Rule("offload-needs-cpu-adam-op", lambda t, hw: t.deepspeed.offload_optimizer and not _ds_op_prebuilt("cpu_adam"),
-         "ZeRO offload needs DeepSpeed's cpu_adam op, which is not built; reinstall with make install "
-         "(it prebuilds the op)"),
+    Rule("offload-needs-cpu-adam-op", lambda t, hw: t.deepspeed.offload_optimizer and not _ds_op_available("cpu_adam"),
+         "ZeRO offload needs DeepSpeed's cpu_adam op, which is not built and cannot be built here: DeepSpeed builds "
+         "it on first use with ninja and a C++ compiler (pip install ninja; a c++ on PATH or $CXX)"),
     Rule("deepspeed-cpu-fp16", lambda t, hw: t.deepspeed.on and hw.device == "cpu" and t.precision.loss_scaling,
          "on the CPU memsweep does fp16 with autocast + GradScaler, which cannot drive DeepSpeed's "
          "engine (it does its own loss scaling); use precision=bf16 or fp32 with DeepSpeed here"),
