@@ -9,7 +9,7 @@ DS_BUILD := DS_BUILD_OPS=0
 INSTALL_LOG := $(VENV)/install.log
 SWEEP ?=
 
-.PHONY: install train test lint sweep sweep-llm report bench gpu-check validate-estimates estimate-t4 estimate-llm plan sweep-t4 wandb-sync clean
+.PHONY: install train test test-fast lint sweep sweep-llm report bench gpu-check validate-estimates estimate-t4 estimate-llm plan sweep-t4 wandb-sync clean
 
 install: $(STAMP)
 
@@ -44,6 +44,12 @@ train: $(STAMP)
 TEST_WORKERS ?= 2
 test: lint docs-check
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+
+# The quick lane, under 2 min on 2 cores with collection: the tests marked `fast` (pyproject.toml's markers), a few
+# per part: config checks and refusals, one tiny job with its ledger and W&B run, estimates, a small plan, the sweep
+# summary, and at least one test that runs each module of src/memsweep. `make test` runs everything.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m fast -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
 
 # The code's shape, in seconds: ruff (pyproject.toml's rules) and import-linter's contracts (the layers of
 # src/memsweep and the technique groups' independence, README "How the code is laid out"). `make test` runs it

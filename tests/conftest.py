@@ -78,6 +78,7 @@ def run_job(overrides, job_dir: Path, multirun: bool = False, exits: bool = Fals
         return results.read(job_dir / results.RESULTS_FILE)
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k / --deselect chose the items, by their own node ids
 def pytest_collection_modifyitems(config, items):
     """The modules that hold `slow` tests first, each kept whole (its module fixture then runs once), so that
     pytest-xdist's workers start the long tests early and end on short ones, not one worker on a long test
@@ -85,12 +86,30 @@ def pytest_collection_modifyitems(config, items):
     skipped, not hidden)."""
     slow_modules = {item.module for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.module not in slow_modules)  # stable: the order within stays
+    if getattr(config.option, "loadgroup", False):  # set in an xdist worker under --dist loadgroup
+        group_by_node_id(items)
     if torch.cuda.is_available():
         return
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False")
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu)
+
+
+def group_by_node_id(items):
+    """Append `@<group>` to the node id of each item marked xdist_group, as pytest-xdist 3.8 means to: its
+    loadgroup scheduler sends the items of one group to one worker by that suffix. xdist writes it to
+    `item._nodeid`, which pytest 9.2 no longer reads (node ids are structured, `item._id`), so without this
+    every group is split over the workers and each worker runs the group's module fixture again
+    (pytest-xdist issue #1386). A no-op where xdist's own suffix took effect."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture

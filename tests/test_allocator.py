@@ -99,6 +99,7 @@ def test_the_smallest_free_block_that_fits_is_taken_not_the_first():
     assert r.reserved_bytes == 70 * MIB and r.segments == 2
 
 
+@pytest.mark.fast
 def test_freed_neighbours_merge_back_into_one_block():
     # two 5 MiB blocks cut from one 20 MiB segment, freed: they merge with the 10 MiB rest into 20 MiB,
     # which serves an 18 MiB request. Unmerged, the largest free piece would be 10 MiB.

@@ -23,6 +23,7 @@ def _run(*argv, code=None):
     return proc.stdout, imported
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv", [["--help"], ["--cfg", "job"], ["precision=bf16", "--cfg", "job"]])
 def test_help_and_cfg_import_no_heavy_library(argv):
     out, imported = _run(*argv)

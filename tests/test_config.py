@@ -9,6 +9,7 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 from conftest import ROOT, compose_config
 
 
+@pytest.mark.fast
 def test_default_is_the_embedded_model_and_data():
     cfg = compose_config()
     assert cfg.model.source.value == "embedded" and cfg.data.source.value == "tweets"
@@ -16,6 +17,7 @@ def test_default_is_the_embedded_model_and_data():
     assert cfg.lr == cfg.optim.lr  # each optimizer brings its own learning rate
 
 
+@pytest.mark.fast
 def test_top_level_lr_overrides_the_optimizers():
     assert compose_config(["optim=sgd"]).lr == 5e-2
     assert compose_config(["optim=sgd", "lr=0.01"]).lr == 0.01
@@ -27,6 +29,7 @@ def test_every_option_of_every_group_composes():
             compose_config([f"{group.name}={option.stem}"])
 
 
+@pytest.mark.fast
 def test_unknown_key_and_wrong_type_are_refused_by_the_schema():
     with pytest.raises(ConfigCompositionException) as err:
         compose_config(["optim.lrr=0.1"])

@@ -4,6 +4,7 @@ import os
 import sys
 from types import ModuleType, SimpleNamespace
 
+import pytest
 import torch
 
 from memsweep.measure import counters
@@ -27,6 +28,7 @@ def fake_nvml(monkeypatch, used: int, processes=None) -> list:
     return asked
 
 
+@pytest.mark.fast
 def test_used_is_read_from_the_jobs_own_gpu(monkeypatch):
     asked = fake_nvml(monkeypatch, used=5 * 2**30)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

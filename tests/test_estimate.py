@@ -175,6 +175,7 @@ def test_gpu_kernels_hold_less_than_the_cpu_ones():
     assert cpu.activations_bytes > 3 * 16 * 128 * 128 * 4
 
 
+@pytest.mark.fast
 def test_autofit_takes_the_largest_micro_batch_that_fits():
     common = ["model=tiny", "optim=sgd", "batch_size=16", "max_seq_len=128", "hardware=cpu"]
     whole = core.estimate_job(*job_of(common)).total_bytes
@@ -199,6 +200,7 @@ def test_accumulation_can_raise_the_peak_when_the_optimizer_state_is_small():
     assert half.breakdown["grads"] == half.breakdown["params"] > whole.breakdown["grads"]
 
 
+@pytest.mark.fast
 def test_an_estimate_that_cannot_be_made_is_recorded_not_raised():
     # an architecture transformers does not know: the error says which
     job, profile = job_of(["model=tiny", "model.architecture=nosuchmodel"])

@@ -16,6 +16,7 @@ from memsweep.sweep import estimates, sweepdir
 GIB = 2**30
 
 
+@pytest.mark.fast
 def test_the_grids_are_a_union_each_job_once():
     jobs = cli.jobs_of(["task=causal_lm", "hardware=t4,rtx4090"],
                        [["precision=bf16_true", "lora=none,r8"], ["precision=bf16_true", "lora=r8"]])
@@ -59,6 +60,7 @@ def test_llama_combinations_per_gpu(tmp_path, capsys):
     assert by_lora["lora=r8"]["device_used_bytes"] < by_lora["lora=none"]["device_used_bytes"]
 
 
+@pytest.mark.fast
 def test_one_trace_per_device_is_exactly_the_estimate_of_each_gpu():
     common = ["task=causal_lm", "model=tiny-llama", "batch_size=2", "max_seq_len=32", "precision=fp16"]
     memo: dict = {}

@@ -26,6 +26,7 @@ def exit_of(overrides, job_dir):
     return stop.value.code
 
 
+@pytest.mark.fast
 def test_the_codes_are_distinct():
     assert len(set(EXIT_CODES.values())) == len(EXIT_CODES) and EXIT_CODES["ok"] == 0
 
@@ -48,6 +49,7 @@ def test_ok_returns_without_exiting(tmp_path):
     assert run_job(TINY + ["max_steps=1"], tmp_path / "job", exits=True)["status"] == "ok"
 
 
+@pytest.mark.fast
 def test_in_a_sweep_the_job_does_not_exit(tmp_path):
     assert run_job(TINY + CASES["unsupported"], tmp_path / "job", multirun=True)["status"] == "unsupported"
 

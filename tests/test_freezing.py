@@ -4,6 +4,7 @@ import pytest
 from conftest import TINY, build_job
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("option, trainable", [
     ("none", lambda n: True),
     ("embeddings", lambda n: ".embeddings." not in n),

@@ -31,6 +31,7 @@ def test_gpu_names_map_to_their_profile(name, option):
     assert hardware.profile_option(name) == option
 
 
+@pytest.mark.fast
 def test_auto_on_a_known_gpu_is_its_profile(monkeypatch):
     fake_gpu(monkeypatch, "Tesla T4", 15.1, major=7, bf16=False)
     profile = hardware.detect(HardwareConf())
@@ -49,6 +50,7 @@ def test_auto_on_an_unknown_gpu_takes_its_properties(monkeypatch):
     assert profile.sm_count == 68  # sizes the reductions' scratch (estimate/scratch.py)
 
 
+@pytest.mark.fast
 def test_a_named_profile_is_kept_and_no_gpu_means_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert hardware.detect(HardwareConf()).name == "auto:cpu"

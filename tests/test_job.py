@@ -30,6 +30,7 @@ def tiny_result(tmp_path_factory):
     return res, job_dir
 
 
+@pytest.mark.fast
 def test_results_json_holds_every_field_with_measured_values(tiny_result):
     res, job_dir = tiny_result
     on_disk = json.loads((job_dir / "results.json").read_text())
@@ -71,6 +72,7 @@ def test_metrics_are_the_evaluations_of_the_trained_model(tiny_result, tmp_path)
     assert np.isfinite(metrics["eval_loss"]) and metrics["train_loss"] > 0
 
 
+@pytest.mark.fast
 def test_ledger_is_exact_for_weights_gradients_and_adam_state(tiny_result):
     res, _ = tiny_result
     mem, eff = res["memory"], res["effective"]
@@ -92,6 +94,7 @@ def test_ledger_does_not_depend_on_which_batches_were_measured(tmp_path):
     assert a["peak_bytes"] == b["peak_bytes"] and a["activations_bytes"] == b["activations_bytes"]
 
 
+@pytest.mark.fast
 def test_wandb_offline_run_holds_the_config_and_the_summary(tiny_result):
     res, job_dir = tiny_result
     run = run_contents(find_run_file(job_dir))

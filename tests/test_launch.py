@@ -17,6 +17,7 @@ def dist_of(*overrides):
     return job_of(["model=tiny", *overrides])[0].distributed
 
 
+@pytest.mark.fast
 def test_one_node_keeps_a_standalone_rendezvous(tmp_path):
     cmd = launch.torchrun_command(dist_of("distributed.nproc=2"), tmp_path)
     assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
@@ -74,3 +75,19 @@ def test_on_slurm_several_nodes_need_no_rendezvous(monkeypatch):
         inputs.rendezvous(job)
     slurm_task(monkeypatch, procid=0, localid=0, nodeid=0, ntasks=2, nodes=2, nodelist="n[1-2]")
     inputs.rendezvous(job)  # Slurm's node list names the master
+
+
+@pytest.mark.fast
+def test_each_rank_reads_back_the_job_torchrun_was_started_for(tmp_path, monkeypatch):
+    # torchrun is stood in for: the node's job is written for its ranks (ranks/job.yaml) and torchrun is asked
+    # to start them; what a rank loads (rank.load_job) is that job, every key and type intact
+    import subprocess
+
+    from memsweep.run import rank
+
+    started = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env: started.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    job = job_of(["model=tiny", "distributed.nproc=2", "optim=sgd", "lr=0.01", "freezing=embeddings"])[0]
+    assert launch.run_torchrun(job, tmp_path) == 0
+    assert started == [launch.torchrun_command(job.distributed, tmp_path)]
+    assert rank.load_job(tmp_path / rank.RANKS_DIR) == job

@@ -1,4 +1,5 @@
 """lora: trainable share, and the quantized bases (4-bit NF4, 8-bit LLM.int8) really stored quantized."""
+import pytest
 import torch
 
 from conftest import TINY, build_job
@@ -15,6 +16,7 @@ def test_lora_r8_trains_under_one_percent_of_the_minilm(tmp_path):
     assert res["memory"]["optimizer_bytes"] < 0.02 * 2 * 4 * eff["total_params"]
 
 
+@pytest.mark.fast
 def test_lora_r16_has_twice_the_adapter_parameters_of_r8(tmp_path):
     def adapters(option):
         model = build_job(TINY + [f"lora={option}"], tmp_path / option).trainer.model

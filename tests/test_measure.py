@@ -78,6 +78,7 @@ def test_memtracker_still_has_what_ledgertracker_relies_on():
     assert {t.value for t in _MemRefType} == set(CATEGORIES)
 
 
+@pytest.mark.fast
 def test_one_step_is_counted_to_the_byte():
     model, optimizer = small_model()
     warm_up(model, optimizer)
@@ -128,6 +129,8 @@ def test_accumulated_micro_batches_are_one_tracked_step():
     assert tracker.saved_activations == SAVED_ACTIVATIONS
 
 
+# The refusal this test provokes raises inside torch's global forward hook; torch then warns that it silenced it
+@pytest.mark.filterwarnings("ignore:global module forward hook with ``always_call=True`` raised:UserWarning")
 def test_stock_memtracker_refuses_what_ledgertracker_handles():
     # Why the overrides exist: if torch lifts these limits they can go.
     model, optimizer = small_model()

@@ -23,6 +23,7 @@ def test_tiny_is_built_from_the_config_keys():
     assert m.config.num_hidden_layers == 2 and m.classifier.out_features == 3
 
 
+@pytest.mark.fast
 def test_hub_code_loads_a_local_model_folder(tmp_path):
     tiny = model.load_model(ModelConf(source=ModelSource.tiny, architecture="bert", hidden_size=32, num_layers=1,
                                       num_heads=2, intermediate_size=64), num_labels=2, load_kwargs={})

@@ -124,6 +124,7 @@ def test_two_worker_processes_find_the_rows_one_finds():
     assert any(r.status == "fits" for r in here)
 
 
+@pytest.mark.fast
 def test_worker_count_is_asked_for_or_one_per_cpu_never_more_than_units():
     assert parallel.workers(0, 100) == parallel.cpus() >= 1
     assert (parallel.workers(3, 2), parallel.workers(1, 5), parallel.workers(0, 1)) == (2, 1, 1)
@@ -217,6 +218,7 @@ def test_a_row_whose_time_leaves_out_collectives_across_nodes_says_so(network):
         assert all("collectives of 4 processes are not timed" in r.reason for r in rows)
 
 
+@pytest.mark.fast
 def test_a_combination_is_the_job_it_would_be():
     job, _ = job_of(WIDE)
     combo = Combination(precision="fp16", optim="adafactor", checkpointing="full", lora="qlora")
@@ -297,3 +299,27 @@ def test_a_time_that_is_a_lower_bound_ranks_after_those_timed_whole(sharded_rows
     assert [r.figures.step_s for r in whole] == sorted(r.figures.step_s for r in whole)
     shown = table.markdown(rows)
     assert f">= {round(bound[0].figures.step_s, 4)}" in shown and f"| {round(whole[0].figures.step_s, 4)} |" in shown
+
+
+@pytest.mark.fast
+def test_a_small_plan_through_the_job_ranks_its_rows_and_writes_them(tmp_path):
+    """mode=plan as train.py runs it (app/plan.py), in this process: a rule refuses bf16 on the T4 before any
+    trace, the fitting rows are ranked by predicted step time, and results.json names the top one."""
+    import csv
+
+    from conftest import run_job
+
+    res = run_job(["mode=plan", "task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64",
+                   "batch_size=4", "logger=none", "plan.hardware=[t4]", "plan.precision=[fp16,bf16]",
+                   "plan.lora=[none,r8]", "plan.optim=[adamw]", "plan.checkpointing=[none]", "plan.offload=[none]",
+                   "plan.micro_batches=[4]", "plan.depths=[]", "plan.workers=1"], tmp_path)
+    assert res["status"] == "ok", res["reason"]
+    with open(tmp_path / "plan.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert res["effective"]["plan"]["rows"] == len(rows) == 4 and (tmp_path / "plan.md").is_file()
+    assert {r["status"] for r in rows if r["precision"] == "bf16"} == {"refused"}
+    fitting = [r for r in rows if r["status"] == "fits"]
+    assert [int(r["rank"]) for r in fitting] == list(range(1, len(fitting) + 1)) and fitting
+    assert [float(r["step_s"]) for r in fitting] == sorted(float(r["step_s"]) for r in fitting)
+    top = res["effective"]["plan"]["fastest"]["t4"]
+    assert (top["precision"], top["lora"], top["micro_batch"]) == (fitting[0]["precision"], fitting[0]["lora"], 4)

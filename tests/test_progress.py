@@ -67,12 +67,14 @@ def test_plain_lines_are_bounded_by_tenths_and_by_time(capsys, monkeypatch):
     assert len(capsys.readouterr().out.splitlines()) == 5
 
 
+@pytest.mark.fast
 def test_durations_read_as_a_person_says_them():
     assert [eta.duration(s) for s in (0.04, 12.34, 59.96, 192.4, 3725)] == [
         "0.0 s", "12.3 s", "1 min 00 s", "3 min 12 s", "1 h 02 min"]
     assert eta.remaining(0, 10, 5.0) is None and eta.remaining(4, 10, 8.0) == pytest.approx(12.0)
 
 
+@pytest.mark.fast
 def test_a_sweeps_size_and_eta_come_from_its_grid_and_its_finished_jobs(capsys, tmp_path):
     from omegaconf import OmegaConf
 

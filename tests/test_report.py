@@ -97,6 +97,7 @@ def test_a_glob_sweep_is_expanded_from_the_sweeps_config_dir(tmp_path):
                                           ["+row=b_second", "seed=1"], ["+row=b_second", "seed=2"]]
 
 
+@pytest.mark.fast
 def test_every_job_has_a_row_with_its_status_and_reason_none_dropped(sweep):
     summary = report.build(sweep)
     report.write(summary)
@@ -116,6 +117,7 @@ def test_every_job_has_a_row_with_its_status_and_reason_none_dropped(sweep):
     assert summary.unfinished == [summary.jobs[5]]  # resume runs it
 
 
+@pytest.mark.fast
 def test_the_human_table_compares_each_job_with_the_baseline(sweep):
     table = report.build(sweep).markdown.split("\n")
     header = next(line for line in table if line.startswith("| #"))
@@ -170,6 +172,7 @@ def test_csv_holds_every_results_field_flattened(sweep):
     assert json.loads(row1["data.labels"]) == ["negative", "positive"]
 
 
+@pytest.mark.fast
 def test_plots_are_png_files_that_grow_with_the_sweep(tmp_path, sweep):
     report.write(report.build(sweep))
     small = make_sweep(tmp_path / "small", {0: (1.0, 10.0, 0.8)}, grid=["model=tiny"])
@@ -180,6 +183,7 @@ def test_plots_are_png_files_that_grow_with_the_sweep(tmp_path, sweep):
     assert imread(sweep / "memory.png").shape[0] > imread(small / "memory.png").shape[0]
 
 
+@pytest.mark.fast
 def test_cli_rebuilds_an_interrupted_sweep_and_refuses_bad_input_in_one_line(sweep, tmp_path, capsys):
     assert report.main([str(sweep)]) == 0
     out = capsys.readouterr().out
@@ -243,6 +247,7 @@ def test_a_stopped_sweep_exits_with_the_signals_code_after_its_summary(tmp_path,
     assert "1 ok, 1 interrupted, 4 not started" in (stopped / "summary.md").read_text()
 
 
+@pytest.mark.fast
 def test_wandb_summary_run_holds_the_table_and_both_plots(sweep):
     from memsweep.config.schema import LoggerConf
 

@@ -30,6 +30,7 @@ CASES = {
 NEEDS_A_MISSING_PIECE = {"bitsandbytes-missing", "torchao-missing", "offload-needs-cpu-adam-op"}
 
 
+@pytest.mark.fast
 def test_every_rule_has_a_case():
     assert {r.name for r in rules.RULES} == set(CASES) | NEEDS_A_MISSING_PIECE
 
@@ -43,6 +44,7 @@ def test_rule_refuses_with_its_reason(tmp_path, name):
     assert res["time"]["train_s"] is None  # refused before any training
 
 
+@pytest.mark.fast
 def test_fp64_meets_bitsandbytes_optimizers_only_where_their_kernels_take_it():
     # bitsandbytes' CPU optimizer steps fp64 gradients; its CUDA kernels (backends/cuda/ops.py) take fp32/fp16/bf16
     rules.refuse_unsupported(*job_of(TINY + ["precision=fp64", "optim=adamw_8bit", "hardware=cpu"]))

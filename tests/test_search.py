@@ -16,6 +16,7 @@ def _res(status="ok", peak=2**30, f1=0.8):
     return {"status": status, "memory": {"peak_bytes": peak}, "metrics": {"f1": f1}}
 
 
+@pytest.mark.fast
 def test_objective_is_the_metric_within_budget_and_none_otherwise():
     assert objective(_res(), SearchConf(max_peak_gib=2.0)) == 0.8
     assert objective(_res(peak=3 * 2**30), SearchConf(max_peak_gib=2.0)) is None  # over budget

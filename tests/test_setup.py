@@ -19,6 +19,7 @@ def setup_of(overrides):
     return build_setup(job, hardware.detect(job.hardware))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("overrides", [["deepspeed=zero2"], ["fsdp=full_shard"], ["deepspeed=zero3_offload"]])
 def test_building_a_setup_has_no_side_effects(overrides):
     before = dict(os.environ)
@@ -37,6 +38,7 @@ def without(env, key: str) -> dict:
     return {k: v for k, v in env.items() if k != key}
 
 
+@pytest.mark.fast
 def test_what_techniques_need_from_other_groups_comes_through_the_setup():
     setup = setup_of(["batch_size=32", "accumulation=x4", "lr=3e-4", "freezing=embeddings"])
     assert (setup.batch_size, setup.world_size, setup.lr) == (32, 1, 3e-4)

@@ -71,6 +71,7 @@ def test_a_cpu_job_records_no_shape_advice(tmp_path):
     assert res["status"] == "ok" and res["shape_advice"] is None
 
 
+@pytest.mark.fast
 def test_estimate_on_a_gpu_profile_flags_and_padding_clears_the_sequence(tmp_path, capsys):
     flagged = run_job(TINY + ["mode=estimate", "hardware=t4", "batch_size=12"], tmp_path / "a")
     assert flagged["status"] == "ok"
@@ -101,6 +102,7 @@ def test_job_summary_prints_the_flags(tmp_path, capsys):
     assert "  advice: pad the vocabulary" in out
 
 
+@pytest.mark.fast
 def test_sweep_summary_has_a_column_and_the_advice(tmp_path):
     sweep = make_sweep(tmp_path / "sweep", {0: (1.0, 100.0, 0.85), 1: (0.75, 50.0, 0.84)},
                        grid=["optim=adamw,sgd", "model=tiny"])

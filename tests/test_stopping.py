@@ -178,6 +178,7 @@ def test_a_worker_told_to_stop_records_its_next_job_not_started(tmp_path):
     assert not (tmp_path / "job" / "wandb").exists()  # nothing ran
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("status", STATUSES)
 def test_resume_keeps_measurements_and_runs_stopped_jobs_again(status, tmp_path):
     results.write(tmp_path / "results.json", {"status": status, "config_hash": "abc"})

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "memsweep"
 # Ceilings, not targets: modules aim at about 300 lines and functions at about 50, shaped by meaning; past these
@@ -126,6 +128,7 @@ def sub_package(module: str) -> str:
     return module.split(".")[1] if module.count(".") else ""
 
 
+@pytest.mark.fast
 def test_every_import_between_sub_packages_points_down():
     found = modules()
     upward = set()

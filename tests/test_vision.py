@@ -42,6 +42,7 @@ def test_lora_adapts_the_attention_projections_and_trains_a_fraction(jobs):
     assert jobs["lora"]["memory"]["optimizer_bytes"] < jobs["plain"]["memory"]["optimizer_bytes"]
 
 
+@pytest.mark.fast
 def test_the_structure_is_found_from_the_vit(tmp_path):
     from memsweep.run import structure
 
