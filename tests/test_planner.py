@@ -323,3 +323,17 @@ def test_a_small_plan_through_the_job_ranks_its_rows_and_writes_them(tmp_path):
     assert [float(r["step_s"]) for r in fitting] == sorted(float(r["step_s"]) for r in fitting)
     top = res["effective"]["plan"]["fastest"]["t4"]
     assert (top["precision"], top["lora"], top["micro_batch"]) == (fitting[0]["precision"], fitting[0]["lora"], 4)
+
+
+def test_a_worker_that_cannot_start_fails_the_plan_instead_of_hanging(monkeypatch):
+    """A pool replaces a worker whose initializer raises, forever: the error is kept and ends its first unit."""
+    from memsweep.run import console
+
+    def broken(log):
+        raise OSError("no such log")
+
+    monkeypatch.setattr(console, "worker_output_to", broken)
+    monkeypatch.setattr(parallel, "_broken", [])
+    parallel._start(None)  # as a spawned worker would: it does not raise
+    with pytest.raises(RuntimeError, match="a plan worker could not start: OSError: no such log"):
+        parallel._run((0, None, None, None))

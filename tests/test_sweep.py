@@ -194,7 +194,8 @@ def test_ray_runs_a_two_job_sweep_on_a_local_ray_instance(tmp_path):
 def test_resume_refuses_a_dir_that_is_not_a_sweep_in_one_line_and_runs_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-m", "memsweep.resume", str(tmp_path)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and done.stdout == "" and "Traceback" not in done.stderr
-    assert done.stderr.count("\n") == 1 and f"{tmp_path} is not a sweep dir" in done.stderr, done.stderr
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr  # bad input
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("memsweep: error: sweep_dir: ")
+    assert f"{tmp_path} is not a sweep dir" in done.stderr, done.stderr
     assert "python -m memsweep.resume multirun/" in done.stderr  # the usage, to try again
     assert not any(tmp_path.iterdir())  # no job started

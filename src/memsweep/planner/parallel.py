@@ -15,6 +15,9 @@ from ..run import console
 
 # a worker's traces and floors, kept across the units it is given
 _memo: dict = {}
+# why a worker could not start: a pool replaces a worker whose initializer raises with another, forever, so the
+# error waits here and ends the first unit the worker is given (the plan fails, it does not hang)
+_broken: list[BaseException] = []
 
 
 def workers(wanted: int, units: int) -> int:
@@ -29,16 +32,21 @@ def cpus() -> int:
 
 
 def _start(log: Path | None) -> None:
-    console.worker_output_to(log)  # its rows and lines come back to the plan's process, which prints them
-    # the terminal's Ctrl-C reaches every process of its group: the plan's own process handles it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import torch
+    try:
+        console.worker_output_to(log)  # its rows and lines come back to the plan's process, which prints them
+        # the terminal's Ctrl-C reaches every process of its group: the plan's own process handles it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        import torch
 
-    torch.set_num_threads(1)  # one process per CPU: a worker's ops on one thread
+        torch.set_num_threads(1)  # one process per CPU: a worker's ops on one thread
+    except Exception as exc:  # noqa: BLE001 - kept for _run to raise: see _broken
+        _broken.append(exc)
 
 
 def _run(task: tuple) -> tuple[int, list, list[str]]:
     """A unit searched in this worker: its index, its rows (search.PlanRow) and its progress lines."""
+    if _broken:
+        raise RuntimeError(f"a plan worker could not start: {type(_broken[0]).__name__}: {_broken[0]}")
     index, search_unit, job, unit = task
     lines: list[str] = []
     return index, search_unit(job, unit, _memo, lines.append), lines

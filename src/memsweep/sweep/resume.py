@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ..errors import KEPT_ON_RESUME
+from ..errors import EXIT_CODES, KEPT_ON_RESUME
 from ..run import results
 from . import sweepdir
 
@@ -78,16 +78,22 @@ def resume_command(sweep_dir: Path, extra: list[str]) -> list[str]:
     return ["-m", *hydra_overrides, *task, f"hydra.sweep.dir={sweepdir.launched_dir(sweep_dir)}", *extra]
 
 
+def refuse(message: str) -> None:
+    """Bad input to resume: one line naming what was wrong, exit 2 (errors.EXIT_CODES), as train.py's."""
+    print(f"memsweep: error: sweep_dir: {message}", file=sys.stderr)
+    sys.exit(EXIT_CODES["bad input"])
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     usage = "usage: python -m memsweep.resume multirun/<date>/<time> [overrides]"
     if not argv:
-        sys.exit(f"memsweep resume: error: no sweep dir given; {usage}")
+        refuse(f"none given; allowed: {usage}")
     if not (Path(argv[0]) / sweepdir.MULTIRUN_FILE).is_file():
-        sys.exit(f"memsweep resume: error: {argv[0]} is not a sweep dir (no multirun.yaml); {usage}")
+        refuse(f"{argv[0]} is not a sweep dir (no multirun.yaml); allowed: {usage}")
     train_py = Path(__file__).resolve().parents[3] / "train.py"
     if not train_py.is_file():
-        sys.exit(f"memsweep resume: error: {train_py} not found (resume needs the source checkout)")
+        refuse(f"{train_py} not found; allowed: a sweep dir of a source checkout (resume runs its train.py)")
     command = [sys.executable, str(train_py), *resume_command(Path(argv[0]), argv[1:])]
     print("[memsweep] resuming: " + " ".join(command[1:]), flush=True)
     os.execv(sys.executable, command)
