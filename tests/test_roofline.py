@@ -310,7 +310,7 @@ def test_a_gpu_profiles_datasheet_rates_are_taken_at_the_ceilings_measured_on_a_
 def test_on_a_cpu_each_op_is_called_then_run_by_the_same_thread():
     from memsweep.measure import peak
 
-    job = job_of(["model=tiny", "batch_size=8", "max_seq_len=16", "accumulation=x4"])
+    job = job_of(["model=tiny", "batch_size=4", "max_seq_len=8", "accumulation=x4"])  # 1 x 8 tokens a micro-batch
     t = estimate_job(*job).step_time
     # a tiny step is mostly calls: four micro-batches' ops (and Trainer's walks over the modules) and the
     # optimizer's loop, each at this CPU's measured cost

@@ -188,6 +188,7 @@ def test_resume_keeps_measurements_and_runs_stopped_jobs_again(status, tmp_path)
 
 def test_the_estimate_cli_stops_after_the_estimate_in_progress(tmp_path, monkeypatch):
     from memsweep.app import estimate as cli
+    from memsweep.estimate import core  # the CLI imports run_estimate from it where it estimates
 
     calls = []
 
@@ -197,8 +198,8 @@ def test_the_estimate_cli_stops_after_the_estimate_in_progress(tmp_path, monkeyp
             os.kill(os.getpid(), signal.SIGINT)
         return real(job, profile, job_dir, memo)
 
-    real = cli.run_estimate
-    monkeypatch.setattr(cli, "run_estimate", second_one_interrupted)
+    real = core.run_estimate
+    monkeypatch.setattr(core, "run_estimate", second_one_interrupted)
     assert cli.main(["model=tiny", "batch_size=8,16,32,64", "--out", str(tmp_path)]) == 130
     assert len(calls) == 2  # the third and fourth never began
     jobs = sweepdir.collect(tmp_path)

@@ -8,11 +8,10 @@ memory, so a sweep loses nothing and goes on to its next job (or, stopped, keeps
 Bad input is refused in seconds: this module imports torch, transformers and the rest only once the
 input has passed `validate`.
 """
-import functools
 import gc
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,17 +41,6 @@ class Context:
         return sweepdir.job_name(self.overrides)
 
 
-@dataclass
-class JobLog:
-    """The job's W&B run, started once its input is accepted (`start`): a refused job writes its
-    results.json and nothing else."""
-    begin: Callable[[], Any]
-    run: Any = None
-
-    def start(self) -> None:
-        self.run = self.begin()
-
-
 def hydra_context() -> Context:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -78,11 +66,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if launch.is_secondary_task():  # a Slurm task of a multi-process job, not its rank 0
                 return launch.run_secondary_task(OmegaConf.to_object(cfg), ctx.job_dir)
         res = Result.start(ctx.overrides, results.config_hash(cfg), ctx.wandb_group)
-        with finishing(res, ctx, cfg) as log, stopping.interruptible("while setting the job up"):
-            body(cfg, res, ctx.job_dir, log)
+        with finishing(res, ctx, cfg) as wandb_run, stopping.interruptible("while setting the job up"):
+            body(cfg, res, ctx.job_dir, wandb_run)
         # an estimate printed its own advice
         print_summary(res, ctx.job_dir, advice=cfg.mode == Mode.train, images=task.images(cfg.task))
-        if (run_at := wandb_log.where(log.run)) is not None:  # wandb's own block is off (wandb_log)
+        if (run_at := wandb_log.where(wandb_run)) is not None:  # wandb's own block is off (wandb_log)
             print(f"[memsweep] W&B run: {run_at}", flush=True)
         stopping.hand_over()  # stopped by the cluster's signal: submitit requeues the job
     code = exit_code(res.status, res.reason)
@@ -106,7 +94,7 @@ def not_started(cfg: DictConfig, signum: int) -> dict[str, Any]:
     return res.to_dict()
 
 
-def body(cfg: DictConfig, res: Result, job_dir: Path, log: JobLog) -> None:
+def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     """What the job does, in order; any exception is its ending (see finishing)."""
     from ..run import console
 
@@ -120,8 +108,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, log: JobLog) -> None:
     if job.mode == Mode.plan:
         from ..planner import space
 
-        space.check_plan_keys(job)  # what the plan's lists name
-    log.start()  # the input is accepted: a refused job leaves results.json alone, no W&B run
+        space.check_plan_keys(job)  # what the plan's lists name, with the job's other keys
     from ..config import hardware
     from ..run import launch, procenv
     from ..techniques import rules
@@ -163,7 +150,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, log: JobLog) -> None:
     else:
         from ..run.train_loop import train_and_evaluate
 
-        train_and_evaluate(job, profile, job_dir, res, log.run)
+        train_and_evaluate(job, profile, job_dir, res, wandb_run)
 
 
 def lr_source(job: Config, overrides: list[str]) -> str:
@@ -186,18 +173,19 @@ def warn_if_emulated(job: Config, profile, res: Result) -> None:
 
 
 @contextmanager
-def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[JobLog]:
-    """Whatever happens inside, end with a status, results.json written, the W&B run (if the job started
-    one) finished and memory freed. Exceptions become the result, never a lost sweep."""
+def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[Any]:
+    """Start the job's W&B run; whatever happens inside, end with a status, results.json written,
+    the W&B run finished and memory freed. Exceptions become the result, never a lost sweep."""
     started = time.perf_counter()
     ctx.job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes it; a job called another way may not have it
     counters.reset_cuda_peak()
     logger = OmegaConf.to_object(cfg.logger)
-    log = JobLog(functools.partial(wandb_log.start, logger, ctx.job_dir, group=ctx.wandb_group, name=ctx.name,
-                                   job_type="train", config=results.container(cfg),
-                                   tags=[o.replace("=", ":") for o in ctx.overrides] or ["default"]))
+    # every job is a W&B run of its sweep's group, a refused one too: its run records why (status, reason)
+    wandb_run = wandb_log.start(logger, ctx.job_dir, group=ctx.wandb_group, name=ctx.name, job_type="train",
+                                config=results.container(cfg),
+                                tags=[o.replace("=", ":") for o in ctx.overrides] or ["default"])
     try:
-        yield log
+        yield wandb_run
         res.end("ok", None)
     except Exception as exc:  # noqa: BLE001 - every error is a result, not a lost sweep
         res.end(*outcome(exc))
@@ -211,9 +199,9 @@ def finishing(res: Result, ctx: Context, cfg: DictConfig) -> Iterator[JobLog]:
         res.memory.device_used_bytes, res.memory.cuda_context_bytes = counters.device_used_peak()
         saved = res.to_dict()
         results.write(ctx.job_dir / results.RESULTS_FILE, saved)
-        if log.run is not None:
-            log.run.config.update({"effective": res.effective}, allow_val_change=True)
-        wandb_log.finish(log.run, results.flatten({k: v for k, v in saved.items() if k != "versions"}),
+        if wandb_run is not None:
+            wandb_run.config.update({"effective": res.effective}, allow_val_change=True)
+        wandb_log.finish(wandb_run, results.flatten({k: v for k, v in saved.items() if k != "versions"}),
                          exit_code=wandb_exit_code(res))
         gc.collect()
         counters.reset_cuda_peak()
