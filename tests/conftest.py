@@ -163,13 +163,15 @@ def checks_imported():
 
 @pytest.fixture
 def no_work(monkeypatch, checks_imported):
-    """Nothing is loaded, trained or estimated: bad input is refused before any of it."""
+    """Nothing is loaded, trained, estimated, planned or launched: bad input is refused before any of it."""
     from memsweep.estimate import core
-    from memsweep.run import model, train_loop
+    from memsweep.planner import search
+    from memsweep.run import launch, model, train_loop
 
     def refuse(*args, **kwargs):
         raise AssertionError("work started before the input was refused")
 
     # the estimate CLI imports run_estimate from core where it estimates (after the libraries are quieted)
-    for owner, name in ((model, "load_model"), (train_loop, "train_and_evaluate"), (core, "run_estimate")):
+    for owner, name in ((model, "load_model"), (train_loop, "train_and_evaluate"), (core, "run_estimate"),
+                        (search, "search"), (launch, "run_ranks")):
         monkeypatch.setattr(owner, name, refuse)

@@ -98,21 +98,11 @@ def _run(surface: str, override: str, tmp: Path) -> int:
     return train_py(TINY + (["mode=plan"] if surface == "plan" else []) + [override], tmp)
 
 
-@pytest.fixture
-def nothing_planned(monkeypatch, no_work):
-    from memsweep.planner import search
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the plan was searched before the input was refused")
-
-    monkeypatch.setattr(search, "search", refuse)
-
-
 @pytest.mark.parametrize("key", sorted(KEYS))
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_a_value_its_declaration_refuses_is_one_line_before_any_work(key, data, tmp_path_factory, capsys,
-                                                                     nothing_planned):
+                                                                     no_work):
     value = data.draw(st.sampled_from(KEYS[key]), label="value")
     surface = data.draw(st.sampled_from(SURFACES), label="surface")
     out = tmp_path_factory.mktemp("job")

@@ -15,19 +15,6 @@ VIT = ["task=image_classification", "model=tiny-vit"]
 SURFACES = ("train", "train estimate", "estimate cli", "plan")
 
 
-@pytest.fixture
-def nothing_started(monkeypatch, no_work):
-    """no_work, and no plan searched, no rank started."""
-    from memsweep.planner import search
-    from memsweep.run import launch
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("work started before the input was refused")
-
-    monkeypatch.setattr(search, "search", refuse)
-    monkeypatch.setattr(launch, "run_ranks", refuse)
-
-
 def surface(name: str, args: list[str], tmp_path):
     """The command a person types, run in this process: train.py (mode=train, estimate or plan) or the CLI."""
     if name == "estimate cli":
@@ -64,12 +51,12 @@ EVERY_MODE = {
 
 @pytest.mark.parametrize("where", SURFACES)
 @pytest.mark.parametrize("case", sorted(EVERY_MODE))
-def test_a_fact_of_the_keys_is_refused_in_every_mode(case, where, tmp_path, capsys, nothing_started):
+def test_a_fact_of_the_keys_is_refused_in_every_mode(case, where, tmp_path, capsys, no_work):
     args, key, says = EVERY_MODE[case]
     assert_refused(refusal(surface(where, args, tmp_path), capsys), key, says)
 
 
-def test_a_shape_refusal_names_both_values_and_the_key_that_allows_it(tmp_path, capsys, nothing_started):
+def test_a_shape_refusal_names_both_values_and_the_key_that_allows_it(tmp_path, capsys, no_work):
     _, errors, _, _ = refusal(surface("estimate cli", ["model=minilm", "model.num_layers=9"], tmp_path), capsys)
     assert "model.num_layers: 9 where the pretrained model=minilm has 6 (config.json of " in errors[0], errors
     assert errors[0].endswith("or set model.new_parts_random=true if random new parts are meant"), errors
@@ -114,7 +101,7 @@ MACHINE = {
 
 
 @pytest.mark.parametrize("case", sorted(MACHINE))
-def test_what_the_machine_cannot_run_is_refused_before_any_rank(case, tmp_path, capsys, nothing_started,
+def test_what_the_machine_cannot_run_is_refused_before_any_rank(case, tmp_path, capsys, no_work,
                                                                 monkeypatch):
     import torch
 

@@ -94,21 +94,28 @@ def not_started(cfg: DictConfig, signum: int) -> dict[str, Any]:
     return res.to_dict()
 
 
-def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
-    """What the job does, in order; any exception is its ending (see finishing)."""
+def checked(cfg: DictConfig, res: Result) -> Config:
+    """The job's input, refused (ConfigError) before any work, in every mode; a pretrained model's changed shape
+    said and recorded, never silent."""
     from ..run import console
 
-    job: Config = validate.settings(cfg)  # bad input is refused before any work, in every mode
+    job: Config = validate.settings(cfg)
     res.lr_source = lr_source(job, res.overrides)
     console.quiet_libraries()  # before the first heavy import: what the libraries say as they load, to the job log
     inputs.inputs(job)
-    if (change := validate_model.shape_change(job)) is not None and change.alters:  # said, never silent
+    if (change := validate_model.shape_change(job)) is not None and change.alters:
         res.effective["pretrained_shape"] = change.record()
         print(change.line(), flush=True)
     if job.mode == Mode.plan:
         from ..planner import space
 
         space.check_plan_keys(job)  # what the plan's lists name, with the job's other keys
+    return job
+
+
+def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
+    """What the job does, in order; any exception is its ending (see finishing)."""
+    job = checked(cfg, res)
     from ..config import hardware
     from ..run import launch, procenv
     from ..techniques import rules
