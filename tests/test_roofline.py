@@ -307,6 +307,7 @@ def test_a_gpu_profiles_datasheet_rates_are_taken_at_the_ceilings_measured_on_a_
     assert cpu.host_s_per_op > cpu.host_s_per_step_op > 0
 
 
+@pytest.mark.timing
 def test_on_a_cpu_each_op_is_called_then_run_by_the_same_thread():
     from memsweep.measure import peak
 
@@ -324,6 +325,7 @@ def test_on_a_cpu_each_op_is_called_then_run_by_the_same_thread():
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_predicted_fp32_step_time_of_a_real_cpu_job_is_near_measured(tmp_path):
     # MiniLM, 32 x 64 tokens (every batch padded to 64, as the trace's), fp32 on this CPU at the rates
     # measured in the same process: a matmul ceiling and a copy's bandwidth
