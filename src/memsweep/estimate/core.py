@@ -11,7 +11,7 @@ from ..config.schema import Config, HardwareConf
 from ..measure import host_memory, shapes
 from ..run import results, task
 from ..run.setup import build_setup
-from ..techniques import rules
+from ..techniques import quantize, rules
 from . import ESTIMATE_FILE, adjust, roofline
 from .meta import model_config, traced_model
 from .result import Estimate
@@ -72,7 +72,8 @@ def traced_step(job: Config, profile: HardwareConf, setup) -> Trace:
     if adjustment is not None:  # its buffers are sized by the job's own setup: processes, stage, precision
         adjustment = adjust.sized(adjustment, setup, model)
     traced = trace(traced_job, profile, traced_setup, model, adjustment)
-    return dataclasses.replace(traced, total_params=total, trainable_params=trainable)
+    quantized = quantize.audit(model, traced_setup.structure.layers) if setup.techniques.lora.quantize else None
+    return dataclasses.replace(traced, total_params=total, trainable_params=trainable, quantization=quantized)
 
 
 def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: float) -> Estimate:

@@ -9,6 +9,7 @@ from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from ..techniques.quantize import Audit
 from .capture import AllocatorReading, PagedIn
 from .events import Event
 from .op_record import CountedOp, OpCost
@@ -72,6 +73,7 @@ class Trace:
     total_params: int = 0
     trainable_params: int = 0
     derived_from: tuple[int, ...] = ()  # the micro-batches whose traces this one lies between (planner/batch.py)
+    quantization: Audit | None = None  # the traced model's quantized base (lora.quantize), as a real job's effective
 
     def for_any_gpu(self) -> "Trace":
         """The trace without what it holds for one GPU only (trace.for_gpu makes those per GPU): any GPU's."""
@@ -89,7 +91,7 @@ class Trace:
                 value = value.to_dict()
             elif f.name == "per_rank":
                 value = [r.to_dict() for r in value]
-            elif isinstance(value, PagedIn):
+            elif isinstance(value, PagedIn | Audit):
                 value = asdict(value)
             out[f.name] = value
         return out

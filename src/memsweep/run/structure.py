@@ -9,6 +9,7 @@ How each part is found: docs/guide/running.md.
 """
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import nn
 
@@ -92,6 +93,23 @@ class Found:
     parameters: int
     # each adaptable layer's narrower side (min of its weight's first two dims): the most rank a LoRA update has
     widths: tuple[int, ...] = ()
+    linears: tuple["Linear", ...] = ()  # every linear layer, with its (out, in) features
+    kernels: frozenset[str] = frozenset({"eager"})  # the attention implementations the model's class supports
+
+
+class Linear(NamedTuple):
+    name: str
+    out_features: int
+    in_features: int
+
+
+# transformers' flags on a model class for each attention implementation it supports (eager: every model)
+KERNEL_FLAGS = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}
+
+
+def _linear(name: str, module) -> Linear:
+    rows, columns = module.weight.shape[:2]
+    return Linear(name, columns, rows) if not isinstance(module, nn.Linear) else Linear(name, rows, columns)
 
 
 _FOUND: dict[int, Found] = {}
@@ -113,7 +131,10 @@ def found(job) -> Found:
         adaptable = [(n, m) for n, m in model.named_modules() if _is_adaptable(m)]
         _FOUND[id(model)] = Found(discover(model), names, tuple(n for n, _ in adaptable),
                                   sum(p.numel() for p in model.parameters()),
-                                  tuple(min(m.weight.shape[:2]) for _, m in adaptable))
+                                  tuple(min(m.weight.shape[:2]) for _, m in adaptable),
+                                  tuple(_linear(n, m) for n, m in model.named_modules() if _is_linear(m)),
+                                  frozenset({"eager"} | {k for k, flag in KERNEL_FLAGS.items()
+                                                         if getattr(type(model), flag, False)}))
     return _FOUND[id(model)]
 
 

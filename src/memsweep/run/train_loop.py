@@ -13,7 +13,7 @@ from ..errors import Diverged
 from ..measure import host_memory, memcap, progress, shapes
 from ..measure.ledger import LedgerCallback, effective, param_bytes
 from ..measure.steptime import StepTimer
-from ..techniques import offload, optim
+from ..techniques import offload, optim, quantize
 from . import data as data_mod
 from . import ds_ops, images, procenv, stopping, task
 from . import model as model_mod
@@ -139,7 +139,9 @@ def train_and_evaluate(job: Config, profile: HardwareConf, job_dir: Path, res: R
         res.shape_advice = shapes.audit(profile, built.trainer.setup.micro_batch_size,
                                            getattr(built.trainer.model.config, "vocab_size", None),
                                         job.data.pad_to_multiple_of, images=task.images(job.task))
-        model = built.trainer.model
+        model, setup = built.trainer.model, built.trainer.setup
+        if setup.techniques.lora.quantize:  # what the base holds, quantized and not (techniques/quantize.py)
+            res.effective["quantization"] = asdict(quantize.audit(model, setup.structure.layers))
         held = param_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
         with memcap.cap_for(profile, held_bytes=held):  # hardware.memory_gib on a CPU profile: a real OOM
             _train_and_evaluate(built, job, profile, res, run, setup_started)

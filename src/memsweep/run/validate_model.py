@@ -31,7 +31,9 @@ def check_model(job: Config) -> None:
     with building(job.model, f"values {config.model_type!r} models can be built with"):
         found = structure_of(job)  # what the constructor refuses (e.g. an activation it does not know)
     _modules(job, found)
+    _attention_kernel(job, found)
     _lora_rank(job, found)
+    _four_bit_cpu_kernel(job, found)
     _pretrained_shape(job)
 
 
@@ -252,6 +254,43 @@ def _lora_rank(job: Config, found) -> None:
         width, name = min(widths)
         raise ConfigError("lora.r", f"{job.lora.r} is above the rank the narrowest adapted layer allows ({name}: "
                                     f"{width} features); allowed: an integer from 1 to {width}")
+
+
+def _attention_kernel(job: Config, found) -> None:
+    """The attention implementation is one the model's class supports (transformers refuses the others as it
+    builds the model: its `_supports_sdpa` / `_supports_flash_attn` flags)."""
+    kernel = job.attention.implementation.value
+    if kernel not in found.kernels:
+        raise ConfigError("attention", f"{kernel} is not an attention implementation model={job.model.name} "
+                                       f"({job.model.architecture or 'its config'}) supports; allowed: "
+                                       f"{', '.join(sorted(found.kernels))}")
+
+
+# bitsandbytes' 4-bit CPU kernel repacks each weight in blocks of 32 output rows and pairs of input columns
+# (bitsandbytes/functional.py, _convert_weight_packed_for_cpu: "N must be divisible by block_n", "K must be even")
+CPU_4BIT_BLOCK = 32
+
+
+def _four_bit_cpu_kernel(job: Config, found) -> None:
+    """On a CPU, each 4-bit layer has a shape bitsandbytes' CPU kernel can pack: out features a multiple of
+    32, in features even. Checked on every CPU (the kernel packs where the CPU has AVX512-BF16), so a job is
+    refused alike on every CPU."""
+    import torch
+
+    from ..config.schema import Device
+    from ..techniques import lora
+
+    on_cpu = job.hardware.device == Device.cpu or (job.hardware.device == Device.auto and not torch.cuda.is_available())
+    if not on_cpu or lora.traits(job.lora).quantize != "nf4":
+        return
+    blocks = found.structure.layers + "."
+    for layer in found.linears:
+        if layer.name.startswith(blocks) and (layer.out_features % CPU_4BIT_BLOCK or layer.in_features % 2):
+            raise ConfigError("lora.quantize", f"nf4 on a CPU needs every quantized layer's out features to be a "
+                                               f"multiple of {CPU_4BIT_BLOCK} and its in features even (bitsandbytes' "
+                                               f"4-bit CPU kernel); {layer.name} is {layer.in_features} -> "
+                                               f"{layer.out_features}; allowed: model sizes that make it so, "
+                                               "lora.quantize=int8, or a CUDA device")
 
 
 def capacity(job: Config) -> None:

@@ -10,6 +10,7 @@ Compute dtypes, double quantization and the adapters' dtype: docs/techniques/lor
 from dataclasses import dataclass
 
 from ..config.schema import Quantize, TaskName, is_on
+from . import quantize
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,11 @@ def wrap(model, cfg, structure, task: str):
     # frozen under LoRA, as peft's CAUSAL_LM task does; a classifier's head is new and is trained.
     head = [m.split(".")[-1] for m in structure.head] if new_head(task) else None
     task_type = peft_task_type(task)
+    # GPT-2's Conv1D stores its weight (in, out): peft adapts it transposed (it would set this itself, warning)
+    transposed = any(isinstance(m, quantize.conv1d()) for m in model.modules())
     config = LoraConfig(task_type=task_type, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                        target_modules=targets if targets == "all-linear" else list(targets), modules_to_save=head)
+                        target_modules=targets if targets == "all-linear" else list(targets), modules_to_save=head,
+                        fan_in_fan_out=transposed)
     return get_peft_model(model, config, autocast_adapter_dtype=cfg.autocast_adapter_dtype)
 
 
@@ -74,6 +78,15 @@ def apply(cfg, setup) -> None:
         return
     structure, task = setup.structure, setup.task
     if t.quantize is not None:
-        setup.load_kwargs["quantization_config"] = quantization_config(t, list(structure.quantize_skip),
-                                                                      setup.techniques.precision.compute)
+        config = quantization_config(t, list(structure.quantize_skip), setup.techniques.precision.compute)
+        setup.load_kwargs["quantization_config"] = config  # what transformers quantizes as it loads
+        setup.model_transforms.append(lambda model: quantized_base(model, config, structure, t.quantize))
     setup.model_transforms.append(lambda model: wrap(model, cfg, structure, task))
+
+
+def quantized_base(model, config, structure, asked: str):
+    """The blocks' linear layers transformers' quantizer left (nn.Linear subclasses) quantized too, and the
+    job refused as unsupported where the blocks are still mostly unquantized (techniques/quantize.py)."""
+    quantize.quantize_blocks(model, config, structure.layers, structure.quantize_skip)
+    quantize.require(quantize.audit(model, structure.layers), asked)
+    return model
