@@ -121,6 +121,7 @@ def body(cfg: DictConfig, res: Result, job_dir: Path, wandb_run) -> None:
     from ..techniques import rules
 
     procenv.prepare()
+    procenv.use_allocator(job)  # expandable_segments: in the environment before CUDA starts (and the ranks')
     profile = hardware.detect(job.hardware)
     res.hardware = asdict(profile)
     if job.mode == Mode.plan:  # the fastest combination that fits each GPU: no training, no weights, no GPU

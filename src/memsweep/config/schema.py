@@ -355,6 +355,10 @@ class Config:
     threads: Count | None = None  # torch intra-op threads; null = torch's default
     # Keep freed host memory for the next step (glibc malloc, measure/host_memory.py): far fewer page faults.
     malloc_reuse: bool = True
+    # On a GPU, run the job with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (added to any value already
+    # set): the caching allocator grows one segment instead of caching blocks of many sizes (run/procenv.py),
+    # and the estimate reserves as it does (estimate/run_replay.py).
+    expandable_segments: bool = False
     # Before training, take the largest micro-batch the estimator says fits the hardware profile and
     # raise gradient accumulation so batch_size is kept (recorded in effective.autofit)...
     autofit: bool = False

@@ -147,8 +147,12 @@ class CachingAllocator:
     def free(self, key) -> None:
         """free_block: the block goes back to its pool, merged with free neighbours in its segment
         (try_merge_blocks); the memory stays reserved (only empty_cache or memory pressure release it)."""
-        self.free_requested(key)
-        self.free_completed(key)
+        if key in self.empty:
+            self.empty.discard(key)
+            return
+        block = self.live.pop(key)
+        self.allocated -= block.size
+        self._cache(block)
 
     def free_requested(self, key) -> None:
         """free of a block another stream still uses (Tensor.record_stream): allocated_bytes falls now, but
@@ -165,7 +169,9 @@ class CachingAllocator:
         if key in self.empty:
             self.empty.discard(key)
             return
-        block = self.pending.pop(key)
+        self._cache(self.pending.pop(key))
+
+    def _cache(self, block: Block) -> None:
         block.allocated = False
         pool = self.pools[block.segment.small]
         for neighbour in (block.prev, block.next):

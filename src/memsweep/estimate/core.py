@@ -12,11 +12,11 @@ from ..measure import host_memory, shapes
 from ..run import results, task
 from ..run.setup import build_setup
 from ..techniques import quantize, rules
-from . import ESTIMATE_FILE, adjust, roofline
+from . import ESTIMATE_FILE, adjust, roofline, run_replay
 from .meta import model_config, traced_model
-from .result import Estimate
+from .result import Estimate, RunReserved
 from .table import summary_line
-from .trace import for_gpu, readable_on, trace
+from .trace import readable_on, trace
 from .traced import AllocatorReading, Trace
 
 GIB = 2**30
@@ -36,13 +36,15 @@ def capacity_bytes(profile: HardwareConf) -> int | None:
 def device_key(job: Config, profile: HardwareConf) -> str:
     """A job as its trace sees it: the trace reads only the profile's device (its kernels, the allocator
     model, foreach optimizers); capacity, CUDA context, rates and rules are applied after, and so is what
-    depends on the GPU model (its kernels' scratch and cuBLAS workspace: trace.for_gpu)."""
-    return repr((dataclasses.replace(job, hardware=HardwareConf()), profile.device))
+    depends on the GPU model (its kernels' scratch and cuBLAS workspace: trace.for_gpu), and the allocator's
+    settings (expandable segments: run_replay.device_reading)."""
+    return repr((dataclasses.replace(job, hardware=HardwareConf(), expandable_segments=False), profile.device))
 
 
-def estimate_job(job: Config, profile: HardwareConf, memo: dict | None = None) -> Estimate:
+def estimate_job(job: Config, profile: HardwareConf, memo: dict | None = None, over_run: bool = True) -> Estimate:
     """The estimate of one job on one hardware profile. `memo` (a dict the caller keeps): the same job on
-    several profiles of one device is traced once."""
+    several profiles of one device is traced once. `over_run`: replay a GPU job's steps of varying length
+    (run_replay.py, a second or two on a 7B decoder); False leaves it out (the one-step figures only)."""
     started = time.perf_counter()
     setup = build_setup(job, profile)
     key = device_key(job, profile)
@@ -51,7 +53,7 @@ def estimate_job(job: Config, profile: HardwareConf, memo: dict | None = None) -
         traced = traced_step(job, profile, setup)
         if memo is not None:
             memo[key] = traced
-    return assemble(job, profile, setup, traced, started)
+    return assemble(job, profile, setup, traced, started, over_run=over_run)
 
 
 def traced_step(job: Config, profile: HardwareConf, setup) -> Trace:
@@ -76,11 +78,15 @@ def traced_step(job: Config, profile: HardwareConf, setup) -> Trace:
     return dataclasses.replace(traced, total_params=total, trainable_params=trainable, quantization=quantized)
 
 
-def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: float) -> Estimate:
-    """The estimate from the traced step: the counters of the profile's device, the fit, time and notes."""
+def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: float,
+             over_run: bool = True) -> Estimate:
+    """The estimate from the traced step: the counters of the profile's device, the fit, time and notes
+    (`over_run`: as estimate_job's)."""
     overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
-    device = device_counters(for_gpu(traced, profile).allocator, overhead) if profile.device == "cuda" else {}
-    # the safe side of what packing may do: fits, the margin and autofit must not lean low
+    reading = run_replay.device_reading(job, setup, traced, profile, over_run) if profile.device == "cuda" else None
+    over = reading.over_run if reading else None
+    device = device_counters(reading.allocator, overhead, over) if reading else {}
+    # the safe side of what packing and a run of varying lengths may do: fits, the margin and autofit must not lean low
     total = device["device_used_upper_bytes"] if device else traced.peak_bytes
     capacity = capacity_bytes(profile)
     key = setup.techniques.precision.compute
@@ -107,20 +113,21 @@ def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: 
         step_time=timing,
         trace=traced.to_dict(left_out=BULKY),
         total_params=traced.total_params, trainable_params=traced.trainable_params, architecture_source=source,
-        notes=notes_for(setup, profile, adjusted) + history_note(job, profile),
+        notes=notes_for(setup, profile, adjusted) + history_note(job, profile, over) + run_replay.advice(over),
         per_rank=None if traced.per_rank is None else [r.to_dict() for r in traced.per_rank],
         shape_advice=shapes.audit(profile, setup.micro_batch_size, getattr(config, "vocab_size", None),
                                  job.data.pad_to_multiple_of, images=task.images(job.task)),
-        seconds=round(time.perf_counter() - started, 2), **device)
+        over_run=over, seconds=round(time.perf_counter() - started, 2), **device)
 
 
-def device_counters(allocator: AllocatorReading, context: int) -> dict[str, Any]:
+def device_counters(allocator: AllocatorReading, context: int, over: RunReserved | None = None) -> dict[str, Any]:
     """The three figures a GPU shows for the step, each predicted as that counter is made: peak allocated
     (torch.cuda.max_memory_allocated: whole allocator blocks), peak reserved (max_memory_reserved: the
     caching allocator's segments, replayed in allocator.py) and device used (nvidia-smi: reserved plus
     the CUDA context); and reserved and device used on the safe side of packing (capture.packing_envelope:
-    never below the point figures)."""
-    upper = max(allocator.reserved_upper_bytes, allocator.peak_reserved_bytes)
+    never below the point figures) and of a run of varying lengths (`over`: run_replay.py, under the
+    allocator the job runs with)."""
+    upper = max(allocator.reserved_upper_bytes, allocator.peak_reserved_bytes, over.job_reserved_bytes if over else 0)
     return {"peak_allocated_bytes": allocator.peak_allocated_bytes,
             "peak_reserved_bytes": allocator.peak_reserved_bytes,
             "device_used_bytes": allocator.peak_reserved_bytes + context,
@@ -153,14 +160,22 @@ def notes_for(setup, profile: HardwareConf, adjusted: str | None) -> list[str]:
     return notes
 
 
-def history_note(job: Config, profile: HardwareConf) -> list[str]:
-    """What the upper figure for reserved does not cover: a run whose batches are padded each to its longest
-    example meets shorter steps before and after the longest, and blocks cached for a shorter step's sizes
-    can stay reserved beside the longest step's (benchmarks/GPU.md: on an H200 the runs' reserved bytes came
-    1.6-5.7 % above the upper figure, and within it once every batch was padded to max_seq_len)."""
-    multiple = job.data.pad_to_multiple_of
-    if profile.device != "cuda" or task.images(job.task) or (multiple and multiple >= job.max_seq_len):
+def history_note(job: Config, profile: HardwareConf, over: RunReserved | None) -> list[str]:
+    """What reserved stands for over a run whose batches are padded each to its longest example: blocks cached
+    for a shorter step's sizes can stay reserved beside the longest step's. Replayed over the run's steps where
+    the trace keeps its events (run_replay.py); else what the upper figure does not cover (benchmarks/GPU.md: on
+    an H200 the runs' reserved bytes came 1.6-5.7 % above it, and within it once every batch was padded to
+    max_seq_len)."""
+    if profile.device != "cuda" or not run_replay.varying_lengths(job):
         return []
+    if over is not None:
+        source = {"data": "the job's data in its sampler's order",
+                  "spread": "lengths 1 to max_seq_len equally likely (the data is not readable offline)"}
+        return [f"reserved upper: for steps at max_seq_len; over the run, {over.steps} steps of {over.shortest}-"
+                f"{over.longest} tokens ({source[over.lengths]}) replayed through the allocator model reserve "
+                f"{over.reserved_bytes / GIB:.2f} GiB, {over.reserved_expandable_bytes / GIB:.2f} GiB with expandable "
+                f"segments; the upper figure (total, fits, the margin) takes the run's under the allocator the "
+                f"job runs with where it is larger"]
     return ["reserved upper: for steps at max_seq_len; the run's shorter batches (each padded to its longest) can "
             "leave more cached, measured up to 6 % above it; data.pad_to_multiple_of=max_seq_len makes every step "
             "the traced one"]
@@ -183,7 +198,7 @@ def at_data_length(job: Config, profile: HardwareConf, seq_len: int) -> dict[str
     if seq_len >= job.max_seq_len:
         return None
     try:
-        est = estimate_job(dataclasses.replace(job, max_seq_len=seq_len), profile)
+        est = estimate_job(dataclasses.replace(job, max_seq_len=seq_len), profile, over_run=False)  # its time only
     except Exception:  # noqa: BLE001
         return None
     return {"seq_len": seq_len, "step_s": est.predicted_step_s, "basis": "the data's typical padded length"}

@@ -6,7 +6,33 @@ from typing import Any
 from .step_time import StepTime
 
 GPU_COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "reserved_upper_bytes",
-                "device_used_upper_bytes")
+                "device_used_upper_bytes", "over_run")
+
+
+@dataclass
+class RunReserved:
+    """What the caching allocator reserves over a run whose steps differ in length (run_replay.py), beside one
+    step at max_seq_len, with the default allocator and with expandable segments."""
+    steps: int  # the run's optimizer steps it covers (run_replay.replay_run skips those it shows change nothing)
+    lengths: str  # where their lengths come from: "data" (the job's examples, in its sampler's order) or "spread"
+    shortest: int  # padded tokens of the shortest and the longest micro-batch replayed
+    longest: int
+    one_step_reserved_bytes: int  # one step at max_seq_len (the default allocator)
+    reserved_bytes: int  # max_memory_reserved over the run (the default allocator); never below one step
+    one_step_expandable_bytes: int  # the same under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    reserved_expandable_bytes: int
+    expandable_segments: bool  # which of the two the job runs with (the expandable_segments key)
+    seconds: float = 0.0
+
+    @property
+    def job_reserved_bytes(self) -> int:
+        """The run's reserved bytes under the allocator the job runs with."""
+        return self.reserved_expandable_bytes if self.expandable_segments else self.reserved_bytes
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """What the run reserves beyond one step at max_seq_len (the default allocator)."""
+        return self.reserved_bytes - self.one_step_reserved_bytes
 
 
 @dataclass
@@ -52,6 +78,8 @@ class Estimate:
     # The safe side of packing (capture.packing_envelope): what total_bytes, fits and the margin use on a GPU
     reserved_upper_bytes: int | None = None
     device_used_upper_bytes: int | None = None
+    # A GPU job whose steps differ in length: reserved over its run (run_replay.py); total_bytes and fits use it
+    over_run: RunReserved | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """estimate.json: every field; a GPU's counters only on a GPU profile."""

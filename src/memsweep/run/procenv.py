@@ -14,6 +14,11 @@ import sys
 # (ACCELERATE_USE_DEEPSPEED, ...) that would make the next job of a sweep think it is distributed.
 _ENV_BEFORE: dict[str, str] | None = None
 _GROUP_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# The caching allocator's settings: c10's AllocatorConfig reads PYTORCH_ALLOC_CONF, else the older
+# PYTORCH_CUDA_ALLOC_CONF. The process's own value (None: unset), kept before a job changes it.
+ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+EXPANDABLE = "expandable_segments:True"
+_ALLOC_CONF_BEFORE: tuple[str, str | None] | None = None
 
 
 def prepare() -> None:
@@ -24,6 +29,36 @@ def prepare() -> None:
 
     if not torch.cuda.is_available():  # else DeepSpeed probes for accelerators and warns on every import
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def alloc_conf_for(expandable_segments: bool, conf: str | None) -> str | None:
+    """The allocator settings a job runs with: `conf` (the process's), with expandable_segments:True in place
+    of any expandable_segments it says when the job's `expandable_segments` key is on; else `conf` as it is."""
+    if not expandable_segments:
+        return conf
+    items = [i for i in (conf or "").split(",") if i.strip() and not i.strip().startswith("expandable_segments")]
+    return ",".join([*items, EXPANDABLE])
+
+
+def use_allocator(job) -> None:
+    """The job's allocator settings in this process's environment (and its ranks', which inherit it): set
+    before CUDA is initialised, where the allocator reads them; where an earlier job of the process has
+    initialised CUDA already, handed to the allocator itself (c10's setAllocatorSettings, which applies to the
+    segments it maps from then on). A job with the key off runs with the process's own value."""
+    global _ALLOC_CONF_BEFORE
+    if _ALLOC_CONF_BEFORE is None:
+        name = next((v for v in ALLOC_CONF_VARIABLES if v in os.environ), ALLOC_CONF_VARIABLES[1])
+        _ALLOC_CONF_BEFORE = (name, os.environ.get(name))
+    name, before = _ALLOC_CONF_BEFORE
+    conf = alloc_conf_for(job.expandable_segments, before)
+    if conf is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = conf
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch._C._accelerator_setAllocatorSettings(f"expandable_segments:{EXPANDABLE in (conf or '')}")
 
 
 def use_threads(threads) -> None:
