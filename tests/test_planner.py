@@ -169,7 +169,7 @@ def test_the_floor_is_under_the_full_trace(plan_rows):
 
 def test_plan_writes_its_tables(plan_rows, tmp_path):
     _, rows, _ = plan_rows
-    text = table.write(rows, tmp_path, top=1, title="t")
+    text = table.write(rows, tmp_path, top=1, title="t", written=table.Written({}))
     assert (tmp_path / "plan.csv").read_text().count("\n") == len(rows) + 1
     assert "### t4:" in text and "first 1 shown" in text
 

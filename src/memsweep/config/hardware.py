@@ -42,6 +42,20 @@ def load_profile(option: str) -> HardwareConf:
     return profile
 
 
+def this_machine() -> str:
+    """The profile option of this machine's device: its CUDA card's (matched by name), else the CPU's."""
+    import torch
+
+    if torch.cuda.is_available():
+        return profile_option(torch.cuda.get_device_name()) or "a CUDA card without a profile"
+    return "cpu"
+
+
+def is_this_machine(option: str) -> bool:
+    """Whether a job on the profile runs here as it would there: the CPU's profile, or the present card's."""
+    return option in ("cpu", this_machine())
+
+
 def cpu_native_precisions() -> tuple[bool, bool]:
     """(bf16, fp16): whether this CPU runs them in hardware. torch's own check is what decides whether
     oneDNN uses bf16/fp16 kernels (AVX512-BF16, AMX, AVX512-FP16) or emulates them; without it, the

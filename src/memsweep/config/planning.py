@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from .constraints import DISTINCT, Count, CountOrZero
+from .constraints import DISTINCT, INT32_MAX, Count, CountOrZero
 
 # A searched axis: at least one option (an empty axis is an empty plan), none twice (a repeated row).
 Options = Annotated[list[str], Field(min_length=1), DISTINCT]
@@ -21,6 +21,11 @@ def _two_or_none(depths: list[int]) -> list[int]:
 # Two distinct depths to extrapolate from (a line through two points), or none: every row at full depth.
 Depths = Annotated[list[Count], DISTINCT, AfterValidator(_two_or_none),
                    Field(description="[] (full-depth traces) or two distinct integers > 0, e.g. [2,3]")]
+
+
+# A confirming run times the steps after its warm-up step and its ledger step (padded and traced, not timed):
+# at least one is left at 3.
+RunSteps = Annotated[int, Field(ge=3, le=INT32_MAX)]
 
 
 @dataclass
@@ -47,3 +52,8 @@ class PlanConf:
     depths: Depths = field(default_factory=lambda: [2, 3])
     workers: CountOrZero = 0  # processes searching the space (planner/parallel.py); 0: one per CPU this process may use
     top: Count = 20  # rows printed per GPU (plan.csv / plan.md keep every row)
+    # After planning, the `run` best fitting rows per GPU profile this machine is (auto, the CPU, the CUDA card
+    # present), each a short real job of `run_steps` optimizer steps launched as a Hydra multirun
+    # (app/confirm.py); their measured step time and memory beside the plan's (plan.md, plan.csv). 0: none.
+    run: CountOrZero = 0
+    run_steps: RunSteps = 6

@@ -7,7 +7,7 @@ import functools
 import itertools
 from collections.abc import Iterator
 
-from ..config.hardware import load_profile
+from ..config.hardware import is_this_machine, load_profile, this_machine
 from ..config.schema import CONF_DIR, Config, OptimConf
 from ..errors import ConfigError
 from ..techniques.optim import traits
@@ -86,6 +86,10 @@ def check_plan_keys(job: Config) -> None:
                 raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
             if group == "hardware":
                 load_profile(value)  # each profile as a `hardware.*` key of the command line would be
+    if plan.run and not any(is_this_machine(h) for h in plan.hardware):
+        raise ConfigError("plan.run", f"{plan.run} rows to run, but no profile of plan.hardware "
+                                      f"([{','.join(plan.hardware)}]) is this machine ({this_machine()}); allowed: 0, "
+                                      "or plan.hardware naming cpu or the CUDA card here")
     for m in plan.micro_batches:
         if per_rank(job) % m:
             raise ConfigError("plan.micro_batches", f"{m} does not divide each process's batch, batch_size / "

@@ -4,8 +4,11 @@ lower bound (its step leaves a part untimed: a host optimizer step, collectives 
 after every row whose time is whole, shown as ">= s": its place among them is not known."""
 import csv
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import confirmed
+from .confirmed import RunRow
 from .depth import Figures
 from .search import PlanRow
 
@@ -92,12 +95,44 @@ HEADER = ("Predicted, not measured. device_gib: what nvidia-smi would show (the 
           "says what is not timed; such rows rank after those timed whole. method: how the memory was traced.\n\n")
 
 
-def write(rows: list[PlanRow], out: Path, top: int, title: str) -> str:
-    """plan.csv and plan.md (every row), and the text to print (the top rows per GPU)."""
+@dataclass(frozen=True)
+class Written:
+    """What plan.csv and plan.md hold beside the rows: each fitting row's command, and the rows run (plan.run)."""
+    commands: dict[tuple[str, int], str]  # (gpu, rank) -> the row's job as one command line (planner/command.py)
+    runs: list[RunRow] = field(default_factory=list)
+    plot: Path | None = None  # predicted against measured, beside plan.md
+
+
+def write(rows: list[PlanRow], out: Path, top: int, title: str, written: Written) -> str:
+    """plan.csv and plan.md (every row, each fitting row's command, the run rows' measurements), and the text to
+    print (the top rows per GPU)."""
     out.mkdir(parents=True, exist_ok=True)
+    run = {(r.row.gpu, r.row.rank): r for r in written.runs}
     with open(out / "plan.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS + RUN_COLUMNS)
         writer.writeheader()
-        writer.writerows(cells(r) for r in rows)
-    (out / "plan.md").write_text(f"## {title}\n\n{HEADER}{markdown(rows)}")
+        writer.writerows({**cells(r), **run_cells(run.get((r.gpu, r.rank)), written.commands.get((r.gpu, r.rank)))}
+                         for r in rows)
+    ran = f"\n{confirmed.markdown(written.runs, written.plot)}" if written.runs else ""
+    (out / "plan.md").write_text(f"## {title}\n\n{HEADER}{markdown(rows)}{ran}\n{commands_md(written.commands)}")
     return f"## {title}\n\n{HEADER}{markdown(rows, top)}"
+
+
+RUN_COLUMNS = ("measured_rank", "measured_step_s", "measured_gib", "measured_counter", "run_status", "command")
+
+
+def run_cells(run: RunRow | None, line: str | None) -> dict:
+    """A row's cells of its run (empty where it was not run) and its command (fitting rows)."""
+    if run is None:
+        return {**dict.fromkeys(RUN_COLUMNS), "command": line}
+    said = confirmed.cells(run)
+    return {"measured_rank": run.measured_rank, "measured_step_s": said["measured_step_s"],
+            "measured_gib": said["measured_gib"], "measured_counter": run.measured.counter,
+            "run_status": run.measured.status, "command": line}
+
+
+def commands_md(commands: dict[tuple[str, int], str]) -> str:
+    """plan.md's last section: each fitting row's job as one command, by GPU and rank."""
+    lines = ["## Each fitting row as a command", ""]
+    lines += [f"- {gpu} rank {rank}: `{line}`" for (gpu, rank), line in commands.items()]
+    return "\n".join(lines) + "\n"
