@@ -58,7 +58,7 @@ def selective_contexts():
 
 def enable(model, selective: bool = False):
     kwargs = {"use_reentrant": False, **({"context_fn": selective_contexts} if selective else {})}
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # transformers 5.23: its new name
     # transformers (and peft) may add a hook making the embedding output require grad: reentrant
     # checkpointing needs it, non-reentrant does not, and with frozen layers it makes backward run
     # through all of them for nothing (3x slower). Remove it.
