@@ -1,18 +1,19 @@
 """What Lightning's `FSDPStrategy` (FSDP1, `FullyShardedDataParallel`, with `use_orig_params=True` on torch
->= 2.0) holds on a GPU that memsweep's FSDP2 trace does not, for published tables measured with it
-(older_libraries.py names when each applies). Each is a documented behaviour of FSDP1's code, modelled on
-the FSDP2 trace of the same units; nothing is fitted to a table.
+>= 2.0) holds on a GPU beyond what memsweep's `fsdp.version=1` estimate (estimate/sharded.py) already models,
+for published tables measured with it (older_libraries.py names when each applies). Each is a documented
+behaviour of Lightning's or FSDP1's code, modelled on the trace of the same units; nothing is fitted to a table.
 
-- Flat parameters. FSDP1 flattens each unit's parameters into one FlatParameter, which requires a gradient
-  when any of them does: a unit mixing frozen and trainable parameters (a transformer block with LoRA
-  weights) gets a gradient for all of them. torch's FSDP docs ("FSDP has some constraints on freezing
-  parameters ... the gradient memory usage will be higher than expected (namely, equivalent to not freezing
-  those parameters)"), FSDP1's wrap-time warning naming the numels, Lightning-AI/litgpt issue #1417 and PR
-  #1538 (the same block wrapping). Under `no_sync` (every micro-batch but an accumulated step's last) FSDP1
-  keeps those gradients unsharded until the last micro-batch reduces them. Modelled: every parameter of an
-  FSDP unit holding a trainable one requires a gradient once the optimizer is built (the optimizer still
-  steps the trainable ones only, as the source's did): FSDP2 then computes, accumulates unsharded and
-  reduce-scatters the same gradient bytes. A unit of only frozen or only trainable parameters is unchanged.
+- FSDP1 itself is memsweep's: its units (the root holding embeddings, final norm and head, not freed after its
+  forward) and its flat parameters (a unit holding a trainable parameter gets a gradient for all of them,
+  made by concatenating its views' gradients: `sharded.flat_gradients` and `sharded.concatenated`, with their
+  sources). A row of such a table is estimated as `fsdp.version=1`.
+- Lightning's units. Its auto_wrap_policy names the Block class alone (lit-gpt's `{Block}`, Raschka's
+  `{EncoderBlock}`): a LoRA layer stays inside its block's FlatParameter, so every block gets a whole gradient
+  (Lightning-AI/litgpt issue #1417 and PR #1538), where Trainer's peft policy gives LoRA's layers units of their
+  own (transformers' update_fsdp_plugin_peft). Under `no_sync` (every micro-batch but an accumulated step's
+  last) FSDP1 keeps those gradients unsharded until the last micro-batch reduces them. A FlatParameter holds
+  one dtype (fsdp/_flat_param.py: "Must flatten tensors with uniform dtype"): lit-gpt's bf16-true creates the
+  adapters in bf16, so peft's fp32 adapters are estimated in the frozen weights' dtype.
 - No rate limiter before torch's nightly of 2023-07-11 (`limit_all_gathers` defaulted to False until
   pytorch/pytorch PR #104900, "[FSDP] Default `limit_all_gathers=True`": torch 2.0.x and the 2.1 nightlies
   before it; Lightning's FSDPStrategy passes none of its own). FSDP1 frees a unit's unsharded flat
@@ -48,48 +49,44 @@ from patching import patched
 
 @contextlib.contextmanager
 def flat_unit_gradients() -> Iterator[None]:
-    """FSDP1's FlatParameter, made by FSDP2's per-parameter gradients (see the module): the model's parameters
-    in one dtype when it is sharded (a FlatParameter holds one: peft's fp32 adapters in the frozen weights'
-    dtype, as lit-gpt's bf16-true kept them), and once the optimizer is built, every parameter of a unit
-    holding a trainable one requiring a gradient."""
+    """Lightning's FSDPStrategy (see the module): the job estimated as `fsdp.version=1` (a row's job that still
+    says 2 too), with the Block class alone as the units and the model's parameters in one dtype."""
     import memsweep.estimate.sharded as sharded
-    import memsweep.estimate.trace as trace
 
-    shard, build = sharded.shard, trace.build_optimizer
+    shard = sharded.shard
 
-    def in_one_dtype(model, *args):
+    def lightnings(model, plugin_args, *args):
         dtype = collections.Counter(dtypes(model)).most_common(1)[0][0]
         for p in model.parameters():
             if p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
-        return shard(model, *args)
+        return shard(model, as_fsdp1(plugin_args), *args)
 
-    def then_flat(setup, model, profile, spec):
-        optimizer = build(setup, model, profile, spec)
-        for unit in units(model):
-            if any(p.requires_grad for p in unit):
-                for p in unit:
-                    p.requires_grad_(True)
-        return optimizer
-
-    with patched([(sharded, "shard", in_one_dtype), (trace, "build_optimizer", then_flat)]):
+    with patched([(sharded, "shard", lightnings), (sharded, "fsdp1_policy", blocks_only)]):
         yield
+
+
+def as_fsdp1(plugin_args: dict) -> dict:
+    """FSDP2 plugin arguments as the FSDP1 ones memsweep's fsdp.version=1 gives (techniques/fsdp.py)."""
+    if plugin_args["fsdp_version"] == 1:
+        return plugin_args
+    strategy = "full_shard" if plugin_args["reshard_after_forward"] else "shard_grad_op"
+    return {**plugin_args, "fsdp_version": 1, "reshard_after_forward": strategy, "use_orig_params": True,
+            "sync_module_states": False}
+
+
+def blocks_only(model, plugin_args: dict):
+    """The plugin's transformer policy (the job's block class), for a peft model too (see the module)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    plugin.set_auto_wrap_policy(model)
+    return plugin.auto_wrap_policy
 
 
 def dtypes(model) -> list[Any]:
     """The floating-point dtype of each parameter."""
     return [p.dtype for p in model.parameters() if p.is_floating_point()]
-
-
-def units(model) -> list[list[Any]]:
-    """Each FSDP unit's own parameters (those of no unit nested in it), as FSDP1 would flatten them."""
-    from torch.distributed.fsdp import FSDPModule
-
-    found = []
-    for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):
-        nested = {id(p) for m in unit.modules() if m is not unit and isinstance(m, FSDPModule) for p in m.parameters()}
-        found.append([p for p in unit.parameters() if id(p) not in nested])
-    return found
 
 
 class HostAhead:

@@ -6,6 +6,7 @@ from memsweep.errors import Unsupported
 from memsweep.techniques import rules
 
 CASES = {
+    "qlora-with-fsdp1": ["lora=qlora", "fsdp=full_shard", "fsdp.version=1"],
     "bf16-unsupported": ["hardware=t4", "precision=bf16"],
     "tf32-unsupported": ["hardware=cpu", "precision=tf32"],
     "no-gpu": ["hardware=a100_40gb"],

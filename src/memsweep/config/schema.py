@@ -198,6 +198,9 @@ class FsdpConf(Switch):
     name: str = "none"
     strategy: FsdpStrategy = FsdpStrategy.full_shard  # (when on)
     offload: bool = False  # parameters and gradients in host memory (CPUOffloadPolicy)
+    # 2: fully_shard (FSDP2); 1: FullyShardedDataParallel with flat parameters, as accelerate's and Lightning's
+    # FSDP1 run it (use_orig_params=True)
+    version: Annotated[int, Field(ge=1, le=2, description="1 or 2")] = 2
 
 
 @dataclass

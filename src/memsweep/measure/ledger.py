@@ -70,8 +70,10 @@ class LedgerTracker(MemTracker):
         self._multi_grad_handles.clear()
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        # a frozen parameter, or one FSDP1 has made a view of its flat parameter for the forward (not a leaf:
+        # torch refuses a post-accumulate-grad hook on it): nothing of its own to hook
         for p in module.parameters():
-            if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+            if (not p.requires_grad or not p.is_leaf) and p not in self._param_to_grad_hook_handles:
                 self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())  # "already hooked"
         return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
@@ -238,6 +240,23 @@ def checkpointed_layers(model) -> int:
                if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False))
 
 
+def fsdp1_audit(model) -> dict[str, Any] | None:
+    """What FSDP1 (FullyShardedDataParallel, fsdp.version=1) sharded: its units and their flat parameters, this
+    process's shards and the whole (None: no FSDP1 unit)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+    if not units:
+        return None
+    flat = [h.flat_param for u in units for h in ([u._handle] if u._handle is not None else [])]
+    return {"version": 1, "units": len(units),
+            "unit_classes": sorted({type(u.module).__name__ for u in units}),
+            "flat_params": len(flat), "world_size": units[0].world_size,
+            "local_numel": sum(f.numel() for f in flat),  # this process's shards, padding included
+            "global_numel": sum(f._unpadded_unsharded_size.numel() for f in flat),
+            "offload": units[0].cpu_offload.offload_params}
+
+
 def fsdp_audit(model) -> dict[str, Any] | None:
     """What FSDP2 sharded, read off the model's FSDP units (None: no FSDP). Counted from the units'
     own records, not from `model.parameters()`, which shows unsharded copies between a forward and
@@ -295,7 +314,7 @@ def effective(model, trainer, ledger: Ledger | None) -> dict[str, Any]:
         "accumulation_steps": trainer.args.gradient_accumulation_steps,
         "micro_batch_size": ledger.micro_batch_size if ledger else trainer.args.per_device_train_batch_size,
         "deepspeed_stage": stage,
-        "fsdp": fsdp_audit(model),
+        "fsdp": fsdp_audit(model) or fsdp1_audit(model),
         "lora_modules": sum(1 for m in model.modules() if hasattr(m, "lora_A") and len(m.lora_A) > 0),
         "grad_scaler": type(trainer.accelerator.scaler).__name__ if trainer.accelerator.scaler else None,
         "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),

@@ -177,6 +177,11 @@ def restore_fsdp_plugin(accelerator, plugin_args: dict) -> None:
         plugin.set_mixed_precision(state.mixed_precision)
     state.fsdp_plugin = plugin
     state.distributed_type = DistributedType.FSDP
+    if plugin.fsdp_version == 1:
+        # Accelerate passes its device as FSDP1's device_id, "cpu:0" for a CPU rank, which torch compares with
+        # the parameters' "cpu" and refuses (fsdp/_init_utils.py, _get_compute_device: "Inconsistent compute
+        # device"): the same device, named as the parameters name it
+        state.device = torch.device("cpu")
 
 
 class DivergenceCallback(TrainerCallback):

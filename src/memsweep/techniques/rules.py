@@ -107,6 +107,9 @@ RULES: list[Rule] = [
          "FSDP2 shards every parameter as a DTensor, which drops the quantization state of bitsandbytes' LLM.int8 "
          "weights (the first forward fails: \"'Parameter' object has no attribute 'CB'\"); Accelerate exempts only "
          "4-bit weights from sharding: use lora=qlora or lora=r8 with FSDP"),
+    Rule("qlora-with-fsdp1", lambda t, hw: t.lora.quantize == "nf4" and t.fsdp.flat,
+         "FSDP1 flattens each unit's parameters into one floating-point tensor (torch fsdp/_flat_param.py: \"Cannot "
+         "flatten integer dtype tensors\"), and bitsandbytes' packed 4-bit weights are uint8: use fsdp.version=2"),
     Rule("adafactor-with-fsdp", lambda t, hw: t.optim.rule == "adafactor" and t.fsdp.on,
          "transformers' Adafactor keeps plain-tensor state next to FSDP2's DTensor parameters "
          "(\"got mixed torch.Tensor and DTensor\"): use optim=adamw or sgd with FSDP"),
