@@ -71,8 +71,8 @@ def several_gpus(row: dict[str, Any], common: dict[str, Any]) -> tuple[list[str]
         # buckets, two of them with overlap_comm=True, in the fp16 the engine trains in
         job += ["deepspeed=zero2", "precision=fp16", "deepspeed.reduce_bucket_size=200000000",
                 "deepspeed.overlap_comm=true"]
-    else:  # Fabric's FSDP1 with cpu_offload=True, each TransformerBlock a unit: memsweep's FSDP2 offload
-        job += ["fsdp=full_shard_offload", "precision=bf16_true"]
+    else:  # Fabric's FSDP1 with cpu_offload=True, each TransformerBlock a unit
+        job += ["fsdp=full_shard_offload", "fsdp.version=1", "precision=bf16_true"]
     return job, ("GPU not stated: an A100-40GB as in the source's other rows (reserved is the same on every CUDA "
                  "profile); rank 0 of the training step, where the source prints the whole run's peak (training, "
                  "validation and test)")
@@ -186,7 +186,22 @@ def report(frame: pd.DataFrame) -> str:
     if modelled.any():
         lines.append(f"median |error| {frame.loc[modelled, 'error %'].abs().median():.1f} %, "
                      f"largest {frame.loc[modelled, 'error %'].abs().max():.1f} %")
+        lines += under_lines(frame[modelled])
     return "\n".join(lines + published_time.summary(frame))
+
+
+def under_lines(modelled: pd.DataFrame) -> list[str]:
+    """The rows predicted below the published figure (those a user would run out of memory on), in total and
+    per table: how many, and the largest under-prediction."""
+    def line(name: str, errors: pd.Series) -> str:
+        under = errors[errors < 0]
+        worst = f"largest under {under.min():+.1f} %" if len(under) else "none under"
+        return (f"{name}: {len(under)} of {len(errors)} ({100 * len(under) / len(errors):.0f} %) predicted under "
+                f"the published figure ({worst})")
+
+    lines = [line("all modelled rows", modelled["error %"])]
+    lines += ["  " + line(table, group["error %"]) for table, group in modelled.groupby("table", sort=True)]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,7 +72,10 @@ def torchao_vit_giant(row: dict[str, Any], common: dict[str, Any]) -> Job:
         caveat = "; DeepSpeed ZeRO-2 with optimizer offload, casting the model to bf16 as the script's bf16 model"
     elif offload.startswith("torchao CPUOffloadOptimizer"):  # the script's --optim_cpu_offload ao / ao_offload_grads
         offload = "optimizer_and_grads" if "offload_gradients=True" in offload else "optimizer"
-    job = VIT + ["model=dinov2-giant", "+model.overrides.image_size=224", "hardware=rtx4090", "hardware.memory_gib=16",
+    # timm resamples the 518-px model's positions to 224 px: a position table of another shape than the weights',
+    # which memsweep refuses unless asked (model.new_parts_random); its bytes are the same either way
+    job = VIT + ["model=dinov2-giant", "+model.overrides.image_size=224", "model.new_parts_random=true",
+                 "hardware=rtx4090", "hardware.memory_gib=16",
                  "batch_size=32", f"precision={precision}", "optim=adamw_fused", "checkpointing=full",
                  f"offload={offload}", *engine]
     return job, ("timm vit_giant_patch14_dinov2 as transformers' Dinov2 (model=dinov2-giant: the same blocks, "

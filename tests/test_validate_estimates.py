@@ -445,3 +445,19 @@ def test_distilbert_on_transformers_4_masks_its_scores_in_their_own_dtype():
     # through an fp32 copy: a pass over every score more, so bf16 is the slower
     assert now["bf16"] <= now["fp16"]
     assert then["bf16"] > then["fp16"]
+
+
+def test_the_report_counts_the_rows_predicted_under_in_total_and_per_table():
+    import pandas as pd
+
+    frame = pd.DataFrame({"table": ["a", "a", "b", "b", "c"], "row": list("vwxyz"), "counter": ["m"] * 5,
+                          "published GiB": [1.0] * 5, "predicted GiB": [0.9, 1.1, 0.97, 0.8, None],
+                          "error %": [-10.0, 10.0, -3.0, -20.0, None], "published s/step": [None] * 5,
+                          "predicted s/step": [None] * 5, "time error %": [None] * 5, "note": [""] * 5})
+    text = ve.report(frame)
+    assert "all modelled rows: 3 of 4 (75 %) predicted under the published figure (largest under -20.0 %)" in text
+    assert "  a: 1 of 2 (50 %) predicted under the published figure (largest under -10.0 %)" in text
+    assert "  b: 2 of 2 (100 %) predicted under the published figure (largest under -20.0 %)" in text
+    assert "  c:" not in text  # a table of no modelled row
+    over = frame.assign(**{"error %": [1.0, 2.0, 3.0, 4.0, None]})
+    assert "all modelled rows: 0 of 4 (0 %) predicted under the published figure (none under)" in ve.report(over)

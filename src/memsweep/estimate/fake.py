@@ -1,7 +1,7 @@
 """The trace's world: the job's meta model on fake tensors (torch's FakeTensorMode: shapes and dtypes, no
 storage), autocast as Accelerate applies it, and where a GPU runs other code than the CPU the GPU's,
 on CPU fake tensors: its dropout and attention kernels, its autocast's float32 ops, bitsandbytes' LLM.int8
-matmul, and the host copies of activation offload.
+matmul, and the host copies of activation offload; bitsandbytes' 4-bit matmul as the steps it allocates.
 """
 import contextlib
 import logging
@@ -206,7 +206,30 @@ def on_fake_tensors(model, setup, profile: HardwareConf):
             for module, kept in settings.items():
                 module.weight.__dict__.update(kept)
         quantize_bitsandbytes(model, fake_mode)
+        kernels.enter_context(gemm_4bit_dequantized())
         yield model
+
+
+@contextlib.contextmanager
+def gemm_4bit_dequantized():
+    """bitsandbytes' 4-bit matmul (the op gemm_4bit, whose fake kernel makes only its output) run as the library's
+    own dequantize-then-linear kernel, so the trace sees the whole weight dequantized for an instant: what a CPU runs,
+    a GPU's fallback, and every 4-bit forward before gemm_4bit (docs/estimator/validation.md). Where a GPU's fused
+    kernel runs instead, that weight is counted anyway: the safe side."""
+    import sys
+
+    if "bitsandbytes" not in sys.modules or not hasattr(torch.ops.bitsandbytes, "gemm_4bit"):
+        yield  # no 4-bit layer, or a bitsandbytes whose forward dequantizes in Python (seen as it is)
+        return
+    from bitsandbytes.backends.default.ops import _gemm_4bit_default_impl
+
+    packet = torch.ops.bitsandbytes.gemm_4bit
+    fused = packet.default
+    packet.default = _gemm_4bit_default_impl
+    try:
+        yield
+    finally:
+        packet.default = fused
 
 
 def quantize_bitsandbytes(model, fake_mode) -> None:
