@@ -24,13 +24,15 @@ TARGETS = {"spearman": ("at least", 0.9), "regret": ("at most", 0.05), "median |
 
 
 def space() -> list[str]:
-    """The plan's job and space: MiniLM on the tweets, 16 x 64 tokens a step, on this CPU."""
+    """The plan's job and space: MiniLM on the tweets, 16 x 64 tokens a step, on this CPU, one thread."""
     from memsweep.config.hardware import cpu_native_precisions
 
     bf16, _ = cpu_native_precisions()
     precisions = "[fp32,bf16]" if bf16 else "[fp32]"  # an emulated precision would be timed ~100x slow
+    # one torch thread: a neighbour busy on the other core cannot stall a step at a thread barrier (on a shared
+    # 2-core machine two threads measured steps 5-10x slower under one busy neighbour process)
     return ["mode=plan", "model=minilm", "batch_size=16", "max_seq_len=64", "data.train_size=256",
-            "data.eval_size=32", "logger=none", "measure.estimate=false", "plan.hardware=[cpu]",
+            "data.eval_size=32", "logger=none", "measure.estimate=false", "threads=1", "plan.hardware=[cpu]",
             f"plan.precision={precisions}", "plan.optim=[adamw,adafactor]", "plan.lora_optim=[adamw]",
             "plan.checkpointing=[none,full]", "plan.lora=[none,r8]", "plan.offload=[none]", "plan.lora_offload=[none]",
             "plan.deepspeed=[none]", "plan.fsdp=[none]", "plan.micro_batches=[8,16]", "plan.depths=[]",
