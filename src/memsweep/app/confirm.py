@@ -8,6 +8,7 @@ through hydra.searchpath): the multirun is `+plan_row=r1,r2,...` over the plan j
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from ..config.hardware import is_this_machine
 from ..config.schema import Config
@@ -42,8 +43,14 @@ def write_group(rows: list[PlanRow], job: Config, folder: Path) -> None:
              *(f"  - override /{k}: {v}" for k, v in groups), OmegaConf.to_yaml(values)]))
 
 
-def hydra_overrides() -> tuple[list[str], list[str]]:
-    """(the plan job's task overrides, its launcher overrides): what the row jobs inherit."""
+class Inherited(NamedTuple):
+    """What the row jobs inherit of the plan job's command line."""
+    task: list[str]  # its overrides of the job's keys
+    launcher: list[str]  # its hydra/launcher choice and hydra.launcher.* settings
+
+
+def hydra_overrides() -> Inherited:
+    """The plan job's overrides the row jobs inherit."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -51,7 +58,7 @@ def hydra_overrides() -> tuple[list[str], list[str]]:
     task = list(OmegaConf.to_container(hc.overrides.task, resolve=False))
     launcher = [o for o in OmegaConf.to_container(hc.overrides.hydra, resolve=False)
                 if o.split("=", 1)[0].lstrip("+~").startswith(("hydra/launcher", "hydra.launcher"))]
-    return task, launcher
+    return Inherited(task, launcher)
 
 
 def launch(rows: list[PlanRow], base: list[str], launcher: list[str], plan_dir: Path) -> int:
@@ -79,9 +86,9 @@ def measured_of(job: sweepdir.SweepJob | None) -> confirmed.Measured:
 def run_rows(rows: list[PlanRow], job: Config, plan_dir: Path) -> list[confirmed.RunRow]:
     """Write the rows' group, run them, and read what each measured (a row whose job failed or was refused is
     recorded with its status; the others go on)."""
-    task, launcher = hydra_overrides()
+    inherited = hydra_overrides()
     write_group(rows, job, plan_dir / ROWS_DIR)
-    launch(rows, command.base_overrides(task), launcher, plan_dir)
+    launch(rows, command.base_overrides(inherited.task), inherited.launcher, plan_dir)
     jobs = sweepdir.collect(plan_dir / RUNS_DIR) if (plan_dir / RUNS_DIR).is_dir() else []
     by_row = {sweepdir.as_dict(j.overrides).get(GROUP): j for j in jobs}
     return confirmed.ranked(rows, [measured_of(by_row.get(row_name(r))) for r in rows])

@@ -19,7 +19,7 @@ def run_plan(job: Config, job_dir: Path) -> dict:
              else f"batch {job.batch_size} x {job.max_seq_len} tokens")
     title = (f"Plan: {job.model.name}, {job.task.name.value}, {batch} per optimizer step, "
              f"on {', '.join(job.plan.hardware)}")
-    base = command.base_overrides(confirm.hydra_overrides()[0])
+    base = command.base_overrides(confirm.hydra_overrides().task)
     written = table.Written({(r.gpu, r.rank): command.command(r, job, base) for r in rows if r.rank is not None})
     print(table.write(rows, job_dir, job.plan.top, title, written), flush=True)
     seconds = round(time.perf_counter() - started, 1)
