@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose_config, job_of, run_job
 from memsweep.app import confirm
-from memsweep.planner import command, confirmed, search, table
+from memsweep.planner import command, confirmed, search
 from memsweep.planner.depth import Figures
 from memsweep.planner.space import Combination
 from surfaces import assert_refused, refusal, train_py
@@ -65,25 +65,25 @@ def test_plan_run_needs_a_profile_of_this_machine(tmp_path, capsys, no_work):
 
 
 @pytest.mark.slow
-def test_plan_run_confirms_the_best_rows_and_records_a_refused_one_while_the_others_go_on(tmp_path):
+def test_plan_run_confirms_the_best_rows_and_records_a_failed_one_while_the_others_go_on(tmp_path, monkeypatch):
+    # the second row made one the command line refuses (an accumulation that does not divide the batch)
+    def with_a_bad_row(rows, k):
+        best = chosen(rows, k)
+        return [best[0], dataclasses.replace(best[1], accumulation=3)]
+
+    chosen = confirm.chosen
+    monkeypatch.setattr(confirm, "chosen", with_a_bad_row)
     res = run_job([*SPACE, "mode=plan", "plan.run=2"], tmp_path / "plan")
     assert res["status"] == "ok", res["reason"]
     ran = res["effective"]["plan"]["run"]
-    assert ran["rows"] == 2 and ran["ok"] == 2, ran
+    assert (ran["rows"], ran["ok"]) == (2, 1), ran
+    assert ran["agreement"][0]["rows"] == 1  # the failed row has no step time to agree with
+    jobs = [json.loads((tmp_path / "plan" / "runs" / n / "results.json").read_text()) for n in ("0", "1")]
+    assert [j["status"] for j in jobs] == ["ok", "failed"]
+    assert jobs[1]["reason"].startswith("bad input: batch_size") and jobs[0]["time"]["step_s_median"] > 0
     cells = (tmp_path / "plan" / "plan.csv").read_text().splitlines()
     assert cells[0].endswith("measured_rank,measured_step_s,measured_gib,measured_counter,run_status,command")
-    assert sum(",ok,python train.py" in line for line in cells) == 2  # the rows run, each with its command
+    assert [sum(f",{status},python train.py" in line for line in cells) for status in ("ok", "failed")] == [1, 1]
     text = (tmp_path / "plan" / "plan.md").read_text()
     assert "## Confirmed by running (plan.run)" in text and (tmp_path / "plan" / "plan_run.png").is_file()
-    assert "cpu rank 1: `python train.py model=tiny" in text
-
-    # a row whose job the command line refuses (an accumulation that does not divide the batch), beside one that runs
-    job, _ = job_of([*SPACE, "mode=plan"])
-    compose_config([*SPACE, "mode=plan"])  # the plan job's overrides, as HydraConfig holds them
-    rows = table.ranked(search.search(job))[:2]
-    rows[1] = dataclasses.replace(rows[1], accumulation=3)
-    runs = confirm.run_rows(rows, job, tmp_path / "again")
-    assert [r.measured.status for r in runs] == ["ok", "failed"], [r.measured for r in runs]
-    assert runs[1].measured.reason.startswith("bad input: batch_size") and runs[0].measured.step_s > 0
-    assert [r.measured_rank for r in runs] == [1, None]
-    assert json.loads((tmp_path / "again" / "runs" / "1" / "results.json").read_text())["status"] == "failed"
+    assert "cpu rank 1: `python train.py model=tiny" in text and "bad input: batch_size" in text
