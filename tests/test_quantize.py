@@ -1,12 +1,14 @@
 """lora.quantize (techniques/quantize.py): every linear layer of the blocks quantized, for every architecture,
 in the real model and in the estimate's meta model through one function; the audit that says so; a job whose
 blocks cannot be quantized ends unsupported instead of training unquantized."""
+import copy
+
 import pytest
 
 from conftest import job_of, run_job
 from memsweep.errors import Unsupported
 from memsweep.estimate.core import estimate_job
-from memsweep.estimate.meta import traced_model
+from memsweep.estimate.meta import bitsandbytes_layers, traced_model
 from memsweep.run import model as model_mod
 from memsweep.run import task
 from memsweep.run.setup import build_setup
@@ -46,16 +48,12 @@ def test_every_linear_of_the_blocks_is_quantized_in_the_real_model_and_the_estim
     assert measured.quantized_bytes == pytest.approx(measured.quantized_params * per_element, abs=measured.quantized)
 
 
+@pytest.mark.fast
 def test_transformers_alone_leaves_falcons_linear_subclass_unquantized():
     # what quantize_blocks is for: transformers' quantizer replaces `type(module) is nn.Linear` only
-    from memsweep.estimate.meta import bitsandbytes_layers
-
     job, profile = job_of([*FAMILIES["falcon"], "lora=qlora"])
     setup = build_setup(job, profile)
-    model = model_mod.meta_model(job.model, task.auto_class(job.task), 2)
-    import copy
-
-    model = copy.deepcopy(model)
+    model = copy.deepcopy(model_mod.meta_model(job.model, task.auto_class(job.task), 2))
     bitsandbytes_layers(model, setup.load_kwargs["quantization_config"])
     assert quantize.audit(model, setup.structure.layers).share == 0.0
     quantize.quantize_blocks(model, setup.load_kwargs["quantization_config"], setup.structure.layers)

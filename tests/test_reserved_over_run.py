@@ -36,6 +36,7 @@ def varying(own_allocator_settings):
     return core.estimate_job(*job_of(VARYING))
 
 
+@pytest.mark.fast
 def test_the_run_reserves_at_least_one_step_and_more_over_a_spread_of_lengths(varying):
     over = varying.over_run
     assert over is not None and over.lengths == "data" and over.longest == 512 and over.shortest < 64
