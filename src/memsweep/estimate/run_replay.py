@@ -110,16 +110,9 @@ def padded_steps(lengths: list[int], micro_batch: int, accumulation: int, multip
     order), each micro-batch padded to its longest example (rounded up to `multiple`). Of each step: its first
     micro-batch and the longest of the others (the trace records two micro-batches; its second stands for
     the rest: trace.measured_batches)."""
-    import torch
+    from ..run.data import padded_micro_batches
 
-    from ..run.data import length_bucketed_order
-
-    order = (length_bucketed_order(lengths, micro_batch * accumulation, seed) if grouped
-             else torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist())
-    padded = []
-    for start in range(0, len(order), micro_batch):
-        longest = max(lengths[i] for i in order[start:start + micro_batch])
-        padded.append(-(-longest // multiple) * multiple if multiple else longest)
+    padded = padded_micro_batches(lengths, micro_batch, accumulation, multiple, grouped, seed)
     steps = [padded[i:i + accumulation] for i in range(0, len(padded), accumulation)]
     return [(s[0],) if len(s) == 1 or accumulation == 1 else (s[0], max(s[1:])) for s in steps]
 

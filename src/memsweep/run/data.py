@@ -356,6 +356,19 @@ def length_bucketed_order(lengths: list[int], batch_size: int, seed: int, bucket
     return [i for b in torch.randperm(len(batches), generator=g).tolist() for i in batches[b]]
 
 
+def padded_micro_batches(lengths: list[int], micro_batch: int, accumulation: int, multiple: int | None,
+                         grouped: bool, seed: int) -> list[int]:
+    """The micro-batches of one epoch in the order the job's sampler reads its examples (length_bucketed_order
+    where `grouped`, grouping by the optimizer step's examples; else a random order), each the length of its
+    longest example, rounded up to `multiple`."""
+    import torch
+
+    order = (length_bucketed_order(lengths, micro_batch * accumulation, seed) if grouped
+             else torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist())
+    longest = (max(lengths[i] for i in order[start:start + micro_batch]) for start in range(0, len(order), micro_batch))
+    return [-(-n // multiple) * multiple if multiple else n for n in longest]
+
+
 def typical_padded_length(lengths: list[int], micro_batch: int, accumulation: int, multiple: int | None,
                           grouped: bool, seed: int, steps: int | None = None,
                           left_out: frozenset = frozenset()) -> int:
@@ -366,19 +379,11 @@ def typical_padded_length(lengths: list[int], micro_batch: int, accumulation: in
     its warm-up and the ledger's step) of their micro-batches' mean length."""
     import statistics
 
-    import torch
-
-    # the job's sampler groups by the optimizer step's examples
-    order = (length_bucketed_order(lengths, micro_batch * accumulation, seed) if grouped
-             else torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist())
-    padded = []
-    for start in range(0, len(order), micro_batch):
-        longest = max(lengths[i] for i in order[start:start + micro_batch])
-        padded.append(-(-longest // multiple) * multiple if multiple else longest)
+    padded = padded_micro_batches(lengths, micro_batch, accumulation, multiple, grouped, seed)
     per_step = [statistics.mean(padded[i:i + accumulation]) for i in range(0, len(padded), accumulation)][:steps]
     timed = [length for n, length in enumerate(per_step, 1) if n not in left_out] or per_step
     return round(statistics.median(timed))
 
 
-__all__ = ["Frames", "TextData", "length_bucketed_order", "load", "load_frames", "read_frames", "tweets_path",
-           "typical_padded_length"]
+__all__ = ["Frames", "TextData", "length_bucketed_order", "load", "load_frames", "padded_micro_batches", "read_frames",
+           "tweets_path", "typical_padded_length"]
