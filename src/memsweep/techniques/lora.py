@@ -10,7 +10,7 @@ Compute dtypes, double quantization and the adapters' dtype: docs/techniques/lor
 from dataclasses import dataclass
 
 from ..config.schema import Quantize, TaskName, is_on
-from . import quantize
+from .quantize import audit, conv1d, quantize_blocks, require
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def wrap(model, cfg, structure, task: str):
     head = [m.split(".")[-1] for m in structure.head] if new_head(task) else None
     task_type = peft_task_type(task)
     # GPT-2's Conv1D stores its weight (in, out): peft adapts it transposed (it would set this itself, warning)
-    transposed = any(isinstance(m, quantize.conv1d()) for m in model.modules())
+    transposed = any(isinstance(m, conv1d()) for m in model.modules())
     config = LoraConfig(task_type=task_type, r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                         target_modules=targets if targets == "all-linear" else list(targets), modules_to_save=head,
                         fan_in_fan_out=transposed)
@@ -87,6 +87,6 @@ def apply(cfg, setup) -> None:
 def quantized_base(model, config, structure, asked: str):
     """The blocks' linear layers transformers' quantizer left (nn.Linear subclasses) quantized too, and the
     job refused as unsupported where the blocks are still mostly unquantized (techniques/quantize.py)."""
-    quantize.quantize_blocks(model, config, structure.layers, structure.quantize_skip)
-    quantize.require(quantize.audit(model, structure.layers), asked)
+    quantize_blocks(model, config, structure.layers, structure.quantize_skip)
+    require(audit(model, structure.layers), asked)
     return model
