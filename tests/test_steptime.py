@@ -97,7 +97,7 @@ def test_a_step_is_predicted_at_the_datas_typical_padded_length():
     import random
     import statistics
 
-    from memsweep.run.data import typical_padded_length
+    from memsweep.run.lengths import typical_padded_length
 
     rng = random.Random(0)
     lengths = [rng.randint(5, 60) for _ in range(2000)]
@@ -115,7 +115,7 @@ def test_a_grouped_jobs_typical_length_is_read_off_the_batches_its_own_sampler_m
     import random
     import statistics
 
-    from memsweep.run.data import typical_padded_length
+    from memsweep.run.lengths import typical_padded_length
     from memsweep.run.trainer import LengthBucketSampler
 
     rng = random.Random(1)

@@ -192,7 +192,7 @@ def estimate_beside_training(job: Config, profile: HardwareConf) -> dict[str, An
 
 def at_data_length(job: Config, profile: HardwareConf, seq_len: int) -> dict[str, Any] | None:
     """The predicted step time where the job's batches are padded to `seq_len` (its data's typical padded
-    length, run/data.typical_padded_length) instead of max_seq_len: the step the run mostly takes, where
+    length, run/lengths.typical_padded_length) instead of max_seq_len: the step the run mostly takes, where
     the estimate's own step is the longest it can take. None where nothing shorter is to predict, or where
     the estimate fails (a job must not fail because of it)."""
     if seq_len >= job.max_seq_len:
@@ -209,7 +209,7 @@ def typical_step(job: Config, profile: HardwareConf) -> dict | None:
     (the estimate's own step is padded to max_seq_len, the longest a step can be): what the measured median is.
     None for images (every step the same). The tokenised data is kept for the job (data.load's cache)."""
     from ..measure.steptime import WARMUP_STEPS
-    from ..run import data as run_data
+    from ..run import lengths as run_lengths
     from ..run.train_loop import first_step_after_warmup, load_data, optimizer_steps
 
     if task.images(job.task):
@@ -222,7 +222,7 @@ def typical_step(job: Config, profile: HardwareConf) -> dict | None:
     steps = optimizer_steps(len(lengths), setup.micro_batch_size, setup.accumulation_steps, setup.world_size,
                             job.epochs, job.max_steps)
     ledger = {first_step_after_warmup(job, steps)} if job.measure.ledger else set()
-    typical = run_data.typical_padded_length(lengths, setup.micro_batch_size, setup.accumulation_steps,
+    typical = run_lengths.typical_padded_length(lengths, setup.micro_batch_size, setup.accumulation_steps,
                                              job.data.pad_to_multiple_of, setup.group_by_length, job.seed,
                                              steps=steps, left_out=frozenset(range(1, WARMUP_STEPS + 1)) | ledger)
     return at_data_length(job, profile, typical)

@@ -106,11 +106,11 @@ def spread(job: Config, setup) -> list[int]:
 
 def padded_steps(lengths: list[int], micro_batch: int, accumulation: int, multiple: int | None, grouped: bool,
                  seed: int) -> list[tuple[int, ...]]:
-    """The optimizer steps of one epoch as the job's sampler reads them (run/data.typical_padded_length's
+    """The optimizer steps of one epoch as the job's sampler reads them (run/lengths.typical_padded_length's
     order), each micro-batch padded to its longest example (rounded up to `multiple`). Of each step: its first
     micro-batch and the longest of the others (the trace records two micro-batches; its second stands for
     the rest: trace.measured_batches)."""
-    from ..run.data import padded_micro_batches
+    from ..run.lengths import padded_micro_batches
 
     padded = padded_micro_batches(lengths, micro_batch, accumulation, multiple, grouped, seed)
     steps = [padded[i:i + accumulation] for i in range(0, len(padded), accumulation)]

@@ -18,7 +18,7 @@ from transformers import Trainer, TrainerCallback
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import offload, optim
 from . import stopping
-from .data import length_bucketed_order
+from .lengths import length_bucketed_order
 from .model import pad_token_id
 from .setup import Setup
 
