@@ -196,7 +196,8 @@ def short(name: str) -> str:
 def traced(double_quant: bool, tokens: int) -> Reading:
     """The layer's step as the estimate traces it: the meta layer on fake tensors (fake.on_fake_tensors), its
     blocks by the Recorder (capture.py), which sees what the step's ops make."""
-    from memsweep.config.schema import Device, HardwareConf
+    from memsweep.config.choices import Device
+    from memsweep.config.schema import HardwareConf
     from memsweep.estimate import capture, fake
 
     model = lora_layer("meta", double_quant)

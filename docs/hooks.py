@@ -1,7 +1,7 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): the site's pages that must not drift from the code, written at build time.
 
 - One page per config group (`groups/<group>.md`) from its option files (conf/<group>/*.yaml: what each option
-  sets, its leading comment), its keys (the group's dataclass in src/memsweep/config/schema.py, with each key's
+  sets, its leading comment), its keys (the group's dataclass in src/memsweep/config/ (SCHEMA_FILES), with each key's
   type, default and comment; a closed set's values from config/choices.py) and its module's docstring. The
   presets (experiment and the groups whose options are an experiment's rows) share one page.
   What a key takes is said as a refusal of it says it (memsweep.config.constraints.describe).
@@ -41,6 +41,9 @@ NOT_A_GROUP = ("hydra",)  # Hydra's own groups (conf/hydra/launcher, conf/hydra/
 READERS = {"model": "memsweep.run.model", "data": "memsweep.run.data", "task": "memsweep.run.task",
            "hardware": "memsweep.config.hardware", "logger": "memsweep.sweep.wandb_log"}
 
+# The modules of config/ whose dataclasses are Config's sections (schema.Config, and the keys apart from the groups).
+SCHEMA_FILES = ("schema.py", "running.py", "planning.py")
+
 # Site page (src_uri) -> the repository file it is made from; filled by on_files.
 SITE_TO_REPO: dict[str, str] = {}
 
@@ -54,6 +57,7 @@ class Key(NamedTuple):
 
 class Section(NamedTuple):
     dataclass: str
+    module: str  # its file in src/memsweep/config/
     keys: list[Key]
 
 
@@ -80,12 +84,15 @@ def _note(stmt: ast.AnnAssign, lines: list[str], comments: dict[int, str]) -> st
 
 
 def field_notes() -> dict[tuple[str, str], str]:
-    """(dataclass, field) -> the comments schema.py writes beside the field: the only place they are."""
-    source = (SRC / "config" / "schema.py").read_text()
-    lines, comments = source.splitlines(), _comments(source)
-    return {(node.name, stmt.target.id): _note(stmt, lines, comments)
-            for node in ast.parse(source).body if isinstance(node, ast.ClassDef)
-            for stmt in node.body if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)}
+    """(dataclass, field) -> the comments its module writes beside the field: the only place they are."""
+    notes = {}
+    for name in SCHEMA_FILES:
+        source = (SRC / "config" / name).read_text()
+        lines, comments = source.splitlines(), _comments(source)
+        notes |= {(node.name, stmt.target.id): _note(stmt, lines, comments)
+                  for node in ast.parse(source).body if isinstance(node, ast.ClassDef)
+                  for stmt in node.body if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)}
+    return notes
 
 
 def _default(field: dataclasses.Field) -> str:
@@ -99,7 +106,7 @@ def _default(field: dataclasses.Field) -> str:
 
 def schema_sections() -> dict[str, Section]:
     """Config key (a group's section) -> its dataclass and each key with what it takes, in the words a refusal
-    of it uses (constraints.describe), its default and its comment in schema.py."""
+    of it uses (constraints.describe), its default and its comment in its module."""
     from memsweep.config.constraints import describe
     from memsweep.config.schema import Config
 
@@ -110,7 +117,7 @@ def schema_sections() -> dict[str, Section]:
         if not dataclasses.is_dataclass(cls):
             continue
         hints = typing.get_type_hints(cls, include_extras=True)
-        sections[section.name] = Section(cls.__name__, [
+        sections[section.name] = Section(cls.__name__, cls.__module__.rsplit(".", 1)[1] + ".py", [
             Key(f.name, describe(hints[f.name]), _default(f),
                 notes[(cls.__name__, f.name)] if (cls.__name__, f.name) in notes else "")
             for f in dataclasses.fields(cls)])
@@ -172,8 +179,8 @@ def options_markdown(group: str) -> list[str]:
 
 def keys_markdown(group: str, section: Section) -> list[str]:
     lines = [f"`{group}.<key>=<value>` sets one for a job; typed by `{section.dataclass}` in "
-             "`src/memsweep/config/schema.py`, so a key it lacks or a value of the wrong type is refused before any "
-             "work.", "", "| key | takes | default | what it does |", "|---|---|---|---|"]
+             f"`src/memsweep/config/{section.module}`, so a key it lacks or a value of the wrong type is refused "
+             "before any work.", "", "| key | takes | default | what it does |", "|---|---|---|---|"]
     lines += [f"| `{group}.{k.name}` | {_cell(k.type)} | `{_cell(k.default)}` | {_cell(k.note) or '-'} |"
               for k in section.keys]
     return lines

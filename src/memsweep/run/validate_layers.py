@@ -76,7 +76,7 @@ def _four_bit_cpu_kernel(job: Config, found) -> None:
     refused alike on every CPU."""
     import torch
 
-    from ..config.schema import Device
+    from ..config.choices import Device
     from ..techniques import lora
 
     on_cpu = job.hardware.device == Device.cpu or (job.hardware.device == Device.auto and not torch.cuda.is_available())
