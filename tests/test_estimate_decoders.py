@@ -170,6 +170,25 @@ def test_bitsandbytes_jobs_are_traced():
     assert eight_bit["optimizer_bytes"] < adamw["optimizer_bytes"]
 
 
+def test_on_a_gpu_paged_state_is_outside_the_allocator_and_inside_device_used():
+    # bitsandbytes pages the state of each parameter of 1e5 elements or more (here the MLP's 256 x 704 and
+    # the embedding's 1000 x 256, not the attention's 256 x 256) into unified memory, outside torch's counters
+    shape = LAYER_SHAPE + ["model=tiny-qwen2", "hardware=t4", "precision=fp16"]
+    plain, paged = (estimate(shape + [f"optim={o}"]) for o in ("adamw_8bit", "paged_adamw_8bit"))
+    # the 8-bit states of the MLP's matrices (one byte a value, two moments), the embedding's 32-bit ones
+    # (Trainer keeps an embedding's state in 32 bits): 3 x 4 layers x 256 x 704 x 2 B + 1000 x 256 x 8 B
+    moved = paged["trace"]["paged_state_bytes"]
+    assert plain["trace"]["paged_state_bytes"] == 0 and moved == 3 * 4 * 256 * 704 * 2 + 1000 * 256 * 8
+    assert paged["optimizer_bytes"] == plain["optimizer_bytes"] - moved
+    assert paged["peak_bytes"] == plain["peak_bytes"] - moved
+    assert paged["peak_allocated_bytes"] == plain["peak_allocated_bytes"] - moved
+    assert paged["device_used_bytes"] == paged["peak_reserved_bytes"] + paged["overhead_bytes"] + moved
+    assert paged["device_used_upper_bytes"] >= paged["device_used_bytes"]
+    # on a CPU bitsandbytes does not page (get_state_buffer falls back to torch.zeros_like)
+    on_cpu = estimate(LAYER_SHAPE + ["model=tiny-qwen2", "precision=fp32", "optim=paged_adamw_8bit"])
+    assert on_cpu["trace"]["paged_state_bytes"] == 0
+
+
 def test_on_a_gpu_qlora_adds_the_block_scales_and_int8_runs_the_gpus_matmul():
     shape = LAYER_SHAPE + ["model=tiny-qwen2", "hardware=t4", "precision=fp16"]
     plain, qlora = estimate(shape + ["lora=r8"]), estimate(shape + ["lora=qlora"])

@@ -191,13 +191,13 @@ def cublas_workspace_bytes(compute_capability: float | None = None) -> int:
 CUDA_WORKSPACES_PER_STEP = 2
 
 
-def alive_at_step(model, optimizer, workspace: int = 0) -> list[tuple[str, Any]]:
+def alive_at_step(model, optimizer, workspace: int = 0, paged: bool = False) -> list[tuple[str, Any]]:
     """What a measured step starts with, by category, in the order it was allocated on a GPU: the weights
     and buffers as model.to("cuda") makes them (Module._apply: children first, then a module's own
     parameters, then its buffers), cuBLAS's workspaces (the first forward's and the first backward's first
     matmul; `workspace` bytes each, 0 for none),
-    gradients if any are kept, then the optimizer's state (made by the first step). Ints are blocks
-    without a tensor."""
+    gradients if any are kept, then the optimizer's state (made by the first step), "paged" where `paged`
+    (a paged bitsandbytes optimizer on a GPU: `pages`). Ints are blocks without a tensor."""
     def load_order(module):
         for child in module.children():
             yield from load_order(child)
@@ -212,10 +212,31 @@ def alive_at_step(model, optimizer, workspace: int = 0) -> list[tuple[str, Any]]
              if category == "params" and getattr(t, "grad", None) is not None]
     # bitsandbytes gives every parameter's state the same quantization maps: each tensor once. A DTensor's
     # memory is its shard, torchao's low-bit state's its codes, scales and map.
-    state = {id(t): ("optimizer", t) for s in (optimizer.state.values() if optimizer else ())
-             for v in s.values() for t in plain_tensors(v)}
+    state = {id(t): ("paged" if paged and pages(p, t) else "optimizer", t)
+             for p, s in (optimizer.state.items() if optimizer else ()) for v in s.values() for t in plain_tensors(v)}
     workspaces = [("workspace", workspace)] * (CUDA_WORKSPACES_PER_STEP if workspace else 0)
     return loaded + workspaces + grads + list(state.values())
+
+
+# bitsandbytes' paged optimizers (Optimizer8bit.get_state_buffer, is_paged) make the state buffers of a parameter
+# of at least 1e5 elements with F.get_paged: cudaMallocManaged unified memory, outside PyTorch's caching
+# allocator (a CPU tensor over the managed pointer), on the GPU until the GPU runs short. Smaller parameters'
+# buffers, and the 8-bit state's absmax and qmap, are torch.zeros on the device.
+PAGED_NUMEL = 100_000
+
+
+def pages(param, state) -> bool:
+    """Whether a paged bitsandbytes optimizer keeps this state tensor of `param` in unified memory: a state
+    buffer (the parameter's shape) of a parameter of at least PAGED_NUMEL elements."""
+    return param.numel() >= PAGED_NUMEL and tuple(state.shape) == tuple(param.shape)
+
+
+def off_allocator(events: list[Event], categories: dict) -> tuple[list[Event], int]:
+    """The events without the blocks PyTorch's allocator never sees (bitsandbytes' paged state, category
+    "paged"), and those blocks' bytes: every reading of the events (the ledger's, the allocator model's, a
+    run's replay, the planner's) then leaves them out, and the estimate adds them to device used."""
+    paged = {e.key: e.nbytes for e in events if e.kind == "alloc" and categories.get(e.key) == "paged"}
+    return [e for e in events if e.key not in paged or not e.is_block()], sum(paged.values())
 
 
 def quantization_state(weight) -> list:

@@ -85,7 +85,7 @@ def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: 
     overhead = int(profile.cuda_context_gib * GIB) if profile.device == "cuda" else 0
     reading = run_replay.device_reading(job, setup, traced, profile, over_run) if profile.device == "cuda" else None
     over = reading.over_run if reading else None
-    device = device_counters(reading.allocator, overhead, over) if reading else {}
+    device = device_counters(reading.allocator, overhead, over, traced.paged_state_bytes) if reading else {}
     # the safe side of what packing and a run of varying lengths may do: fits, the margin and autofit must not lean low
     total = device["device_used_upper_bytes"] if device else traced.peak_bytes
     capacity = capacity_bytes(profile)
@@ -120,18 +120,20 @@ def assemble(job: Config, profile: HardwareConf, setup, traced: Trace, started: 
         over_run=over, seconds=round(time.perf_counter() - started, 2), **device)
 
 
-def device_counters(allocator: AllocatorReading, context: int, over: RunReserved | None = None) -> dict[str, Any]:
+def device_counters(allocator: AllocatorReading, context: int, over: RunReserved | None = None,
+                    paged: int = 0) -> dict[str, Any]:
     """The three figures a GPU shows for the step, each predicted as that counter is made: peak allocated
     (torch.cuda.max_memory_allocated: whole allocator blocks), peak reserved (max_memory_reserved: the
     caching allocator's segments, replayed in allocator.py) and device used (nvidia-smi: reserved plus
-    the CUDA context); and reserved and device used on the safe side of packing (capture.packing_envelope:
+    the CUDA context and `paged`, bitsandbytes' paged optimizer state in unified memory outside the
+    allocator); and reserved and device used on the safe side of packing (capture.packing_envelope:
     never below the point figures) and of a run of varying lengths (`over`: run_replay.py, under the
     allocator the job runs with)."""
     upper = max(allocator.reserved_upper_bytes, allocator.peak_reserved_bytes, over.job_reserved_bytes if over else 0)
     return {"peak_allocated_bytes": allocator.peak_allocated_bytes,
             "peak_reserved_bytes": allocator.peak_reserved_bytes,
-            "device_used_bytes": allocator.peak_reserved_bytes + context,
-            "reserved_upper_bytes": upper, "device_used_upper_bytes": upper + context}
+            "device_used_bytes": allocator.peak_reserved_bytes + context + paged,
+            "reserved_upper_bytes": upper, "device_used_upper_bytes": upper + context + paged}
 
 
 def notes_for(setup, profile: HardwareConf, adjusted: str | None) -> list[str]:
@@ -146,8 +148,9 @@ def notes_for(setup, profile: HardwareConf, adjusted: str | None) -> list[str]:
                      "the optimizer step a real rank still held a gradient of the largest unit in full, and with "
                      "accumulation the trace holds more than a real rank did")
     if profile.device == "cuda" and t.optim.paged:
-        notes.append("paged optimizer state counted as device memory: bitsandbytes keeps it in unified memory, "
-                     "outside PyTorch's allocator, on the GPU until the GPU runs short")
+        notes.append("paged optimizer state: bitsandbytes keeps the state of each parameter of 100,000 elements "
+                     "or more in unified memory, outside PyTorch's allocator (not in peak allocated or reserved), "
+                     "on the GPU until the GPU runs short (counted in device used and in fits)")
     if profile.device == "cuda" and t.lora.quantize == "int8":
         notes.append("LLM.int8 traced through MatMul8bitLt without outlier columns: each layer's outlier input "
                      "columns (found in the values) are not counted")

@@ -67,8 +67,10 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
                                                              on_cpu=profile.device == "cpu")
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
-        recorder = capture.Recorder(capture.alive_at_step(model, inner_optimizer(optimizer) if optimizer else None,
-                                                          workspace=workspace_bytes(profile)))
+        inner = inner_optimizer(optimizer) if optimizer else None
+        paged = profile.device == "cuda" and getattr(inner, "is_paged", False)  # bitsandbytes' unified memory
+        recorder = capture.Recorder(capture.alive_at_step(model, inner, workspace=workspace_bytes(profile),
+                                                          paged=paged))
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, *([optimizer] if optimizer else []))
         forward = [lambda: fake.save_on_host(recorder)] if adjustment and adjustment.save_on_host else None
@@ -82,8 +84,10 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
             batches = early or measured_batches(job, setup, model)
             training_step(model, optimizer, batches, setup, marks=zero.ReshardAfterBackward(recorder, held),
                           forward_contexts=forward)
+        recorder.events, paged_bytes = capture.off_allocator(recorder.events, recorder.categories)
         traced = Trace(
-            **dataclasses.asdict(ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0)),
+            **without_paged(ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0), paged_bytes),
+            paged_state_bytes=paged_bytes,
             flops_per_step=flops * setup.accumulation_steps, roofline_ops=ops, roofline_sequence=sequence,
             roofline_products=products, recomputed_ops=recomputed,
             modules=sum(1 for _ in model.modules()),  # what Trainer walks each micro-batch
@@ -106,6 +110,18 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
         traced = for_gpu(traced, profile)
     traced.seconds = round(time.perf_counter() - started, 2)
     return traced
+
+
+def without_paged(reading, paged_bytes: int) -> dict:
+    """The fake step's ledger as a GPU job's ledger reads it: bitsandbytes' paged state is a CPU tensor over
+    unified memory (functional.get_paged), which the device's tally does not count. It is alive through the
+    whole measured step, so it comes off the peak and its optimizer share alike."""
+    out = dataclasses.asdict(reading)
+    if paged_bytes:
+        out["peak_bytes"] -= paged_bytes
+        out["optimizer_bytes"] -= paged_bytes
+        out["breakdown"] = {**out["breakdown"], "optimizer": out["breakdown"]["optimizer"] - paged_bytes}
+    return out
 
 
 def reading_key(profile: HardwareConf) -> tuple:
