@@ -88,6 +88,21 @@ def test_over_several_processes_a_micro_batch_is_derived_from_the_same_processes
     assert scaled.step_s == pytest.approx(full.step_s, rel=1e-9)
 
 
+def test_a_rows_total_is_what_the_estimate_fits_paged_state_and_images_included():
+    t4 = load_profile("t4")
+    # bitsandbytes' paged state is outside reserved and on the GPU: the row's total counts it as the estimate does
+    paged, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4",
+                       "optim=paged_adamw_8bit"])
+    row = depth.row_figures(paged, [t4], {}, None).per_gpu[t4.name]
+    est = estimate_job(paged, t4, {})
+    assert row.paged_bytes == est.trace["paged_state_bytes"] > 0
+    assert row.total_bytes == est.device_used_upper_bytes
+    # an image counts no tokens: no tokens_per_s, shown empty
+    image, _ = job_of(["task=image_classification", "model=tiny-vit", "batch_size=4"])
+    row = depth.row_figures(image, [t4], {}, None).per_gpu[t4.name]
+    assert row.step_s and row.tokens is None and row.tokens_per_s is None
+
+
 def test_fp16_from_the_bf16_trace_is_within_the_tolerance_of_its_own():
     job, _ = job_of(["task=causal_lm", "model=tiny-llama", "model.num_layers=2", "max_seq_len=64", "batch_size=4"])
     combo = Combination(precision="bf16", optim="adamw", checkpointing="none", lora="r8")

@@ -7,6 +7,7 @@ import dataclasses
 from ..config.schema import Config, HardwareConf
 from ..estimate.core import capacity_bytes
 from ..estimate.meta import model_config
+from ..run import task
 from . import batch, twin
 
 
@@ -21,13 +22,14 @@ class Figures:
     step_s: float | None  # one optimizer step; None with why_not
     why_not: str | None  # why the step has no time
     time_note: str | None  # what a step's time leaves out (it is then a lower bound)
-    tokens: int  # of one optimizer step, over every process
+    tokens: int | None  # of one optimizer step, over every process; None for images (no tokens)
     capacity_bytes: int | None = None  # the GPU's (with_fit); None where it states none
+    paged_bytes: int = 0  # bitsandbytes' paged optimizer state: on the GPU, outside the allocator
 
     @property
     def total_bytes(self) -> int:
-        """What nvidia-smi would show: reserved and the context."""
-        return self.reserved_bytes + self.overhead_bytes
+        """What nvidia-smi would show: reserved, the context and the paged state."""
+        return self.reserved_bytes + self.overhead_bytes + self.paged_bytes
 
     @property
     def fits(self) -> bool | None:
@@ -39,7 +41,7 @@ class Figures:
 
     @property
     def tokens_per_s(self) -> float | None:
-        return self.tokens / self.step_s if self.step_s else None
+        return self.tokens / self.step_s if self.step_s and self.tokens else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,16 +56,17 @@ def layers_of(job: Config) -> int:
     return int(config.num_hidden_layers)
 
 
-def figures(est, processes: int = 1) -> Figures:
+def figures(est, processes: int = 1, images: bool = False) -> Figures:
     """What a plan row reads from an estimate of one of the job's `processes` (each steps its share of the
     batch at once). Reserved on its safe side of packing, as the estimate's own fits and margin take it: a
-    row that fits here fits in `mode=estimate` too."""
+    row that fits here fits in `mode=estimate` too. `images`: an image task's step counts no tokens."""
     allocated = (est.peak_allocated_bytes or est.peak_bytes) if est.device == "cuda" else est.peak_bytes
     reserved = (est.reserved_upper_bytes or est.peak_reserved_bytes) if est.device == "cuda" else est.peak_bytes
     return Figures(peak_bytes=est.peak_bytes, allocated_bytes=allocated, reserved_bytes=reserved,
                    overhead_bytes=est.overhead_bytes, step_s=est.predicted_step_s,
                    why_not=est.step_time.why_not, time_note=est.step_time.note,
-                   tokens=est.micro_batch_size * est.accumulation_steps * est.seq_len * processes)
+                   tokens=None if images else est.micro_batch_size * est.accumulation_steps * est.seq_len * processes,
+                   paged_bytes=est.trace["paged_state_bytes"] if est.device == "cuda" else 0)
 
 
 def with_fit(figures: Figures, profile: HardwareConf) -> Figures:
@@ -84,21 +87,22 @@ def extrapolated(low: Figures, high: Figures, depths: tuple[int, int], layers: i
     ratio = max(low.reserved_bytes / low.allocated_bytes, high.reserved_bytes / high.allocated_bytes)
     step_s = line(low.step_s, high.step_s) if low.step_s and high.step_s else None
     return dataclasses.replace(low, peak_bytes=int(line(low.peak_bytes, high.peak_bytes)),
-                               allocated_bytes=allocated, reserved_bytes=int(allocated * ratio), step_s=step_s)
+                               allocated_bytes=allocated, reserved_bytes=int(allocated * ratio), step_s=step_s,
+                               paged_bytes=int(line(low.paged_bytes, high.paged_bytes)))
 
 
 def row_figures(job: Config, profiles: list[HardwareConf], memo: dict, depths: list[int] | None) -> RowFigures:
     """The job's figures with their fit on each GPU, and how they were made: its trace, or, where the model has
     more blocks than the larger of `depths`, traces at the two depths, scaled."""
-    layers, processes = layers_of(job), job.distributed.world_size
+    layers, processes, images = layers_of(job), job.distributed.world_size, task.images(job.task)
     if not depths or layers <= max(depths):
-        per_gpu = {p.name: with_fit(figures(shortcut_estimate(job, p, memo), processes), p) for p in profiles}
+        per_gpu = {p.name: with_fit(figures(shortcut_estimate(job, p, memo), processes, images), p) for p in profiles}
         return RowFigures(per_gpu=per_gpu, method="trace" + derived_note(job, profiles[0], memo))
     shallow, deep = sorted(depths)
     at = {k: dataclasses.replace(job, model=dataclasses.replace(job.model, num_layers=k)) for k in (shallow, deep)}
     per_gpu = {}
     for p in profiles:
-        low, high = (figures(shortcut_estimate(at[k], p, memo), processes) for k in (shallow, deep))
+        low, high = (figures(shortcut_estimate(at[k], p, memo), processes, images) for k in (shallow, deep))
         per_gpu[p.name] = with_fit(extrapolated(low, high, (shallow, deep), layers), p)
     method = f"trace at {shallow} and {deep} of {layers} blocks, scaled" + derived_note(at[shallow], profiles[0], memo)
     return RowFigures(per_gpu=per_gpu, method=method)

@@ -64,7 +64,9 @@ def displayed(row: PlanRow) -> dict:
     """A row's cells as the markdown shows them: a time that is a lower bound as ">= s" (its throughput "<=")."""
     out = cells(row)
     if row.figures is not None and row.figures.time_note and out["step_s"] is not None:
-        out["step_s"], out["tokens_per_s"] = f">= {out['step_s']}", f"<= {out['tokens_per_s']}"
+        out["step_s"] = f">= {out['step_s']}"
+        if out["tokens_per_s"] is not None:  # an image task's step counts no tokens
+            out["tokens_per_s"] = f"<= {out['tokens_per_s']}"
     return out
 
 
