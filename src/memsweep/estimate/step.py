@@ -188,11 +188,50 @@ def image_batch(config, micro_batch: int) -> dict[str, torch.Tensor]:
     return {"pixel_values": pixels, "labels": torch.zeros(micro_batch, dtype=torch.long)}
 
 
-def training_step(model, optimizer, batches, setup, marks=NO_MARKS, forward_contexts=None) -> None:
+class TrainerLoop:
+    """What Trainer's loop (transformers/trainer.py, Trainer._run_epoch) keeps on the device between micro-batches
+    and steps, which the ledger counts from the op of the step that first outputs it: the running loss
+    (`self._tr_loss`, made at train start, `+= tr_loss_step` in place after each micro-batch), the loss
+    training_step returned (`tr_loss_step`: `loss.detach()`, the storage of its loss divided by the accumulation,
+    held until the next micro-batch's training_step returns, so through that one's backward), MemsweepTrainer's
+    count of tokens (run/trainer.py, `_track_num_input_tokens`: `mask.sum()` added into `_tokens_pending`, one
+    process only) and the gradients' norm (`grad_norm`, returned by clip_grad_norm_ and kept to log, through the
+    optimizer step). One serves the trace's warm-up and measured steps, as one Trainer runs the real job's
+    first step and its ledger's (the second)."""
+
+    def __init__(self):
+        self.running = torch.zeros(())  # Trainer's torch.tensor(0.0): fp32 whatever the loss
+        self.reported = self.tokens = self.grad_norm = None
+
+    def after_micro_batch(self, loss, batch, setup) -> None:
+        self.reported = loss.detach()  # the previous micro-batch's loss dies here
+        self.running += self.reported
+        if setup.world_size == 1 and "attention_mask" in batch:  # else Trainer's own count, gathered and read
+            count = batch["attention_mask"].sum()
+            self.tokens = count if self.tokens is None else self.tokens + count
+
+
+def backward(loss, setup) -> None:
+    """Accelerator.backward as Trainer.training_step calls it (accelerate/accelerator.py): outside DeepSpeed it
+    divides the loss by its own accumulation steps, which Trainer sets to 1 (it divides the loss itself): a new
+    0-dim tensor, alive as backward's local for the whole backward. Under a GradScaler backward runs on
+    `scaler.scale(loss)`, a third."""
+    if not setup.techniques.deepspeed.on:
+        loss = loss / 1
+    if setup.grad_scaler or setup.args.get("fp16"):
+        (loss * 65536.0).backward()  # GradScaler.scale: the loss times the scale
+    else:
+        loss.backward()
+
+
+def training_step(model, optimizer, batches, setup, marks=NO_MARKS, forward_contexts=None,
+                  loop: TrainerLoop | None = None) -> None:
     """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step (its own
     fp16 autocast on the CPU wraps the whole call, see trainer.py; Accelerate's is in model.forward).
-    `forward_contexts` stand in for the setup's where the trace runs them otherwise (fake.save_on_host)."""
+    `forward_contexts` stand in for the setup's where the trace runs them otherwise (fake.save_on_host);
+    `loop` is what Trainer's loop keeps from the step before (a new one: none)."""
     dtype, accumulation = setup.autocast_dtype, setup.accumulation_steps
+    loop = loop or TrainerLoop()
     for n, batch in enumerate(batches):
         with sharded.no_sync(model, sync=n == len(batches) - 1):
             marks.mark("forward")
@@ -202,17 +241,23 @@ def training_step(model, optimizer, batches, setup, marks=NO_MARKS, forward_cont
                 for make_context in setup.forward_contexts if forward_contexts is None else forward_contexts:
                     stack.enter_context(make_context())
                 loss = model(**batch).loss
-            loss = loss / accumulation
-            if setup.grad_scaler or setup.args.get("fp16"):
-                loss = loss * 65536.0  # GradScaler's scaling (its bookkeeping tensors are a few bytes)
+            loss = loss / accumulation  # Trainer.training_step (MemsweepTrainer.loss_is_scaled_for_ga is False)
             marks.mark("backward")
-            loss.backward()
+            backward(loss, setup)
             marks.tag_grads(model)
+        loop.after_micro_batch(loss, batch, setup)
     marks.mark("step")
     if optimizer is not None:
+        found_inf = None
         if setup.args.get("max_grad_norm", 0) > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), setup.args["max_grad_norm"])
+            if setup.grad_scaler or setup.args.get("fp16"):
+                # GradScaler.unscale_ (torch/amp/grad_scaler.py), which clipping calls first (MemsweepTrainer's
+                # _clip_grad_norm, Accelerate's clip_grad_norm_): its copy of found_inf on the device is kept in
+                # the scaler's per-optimizer state until the optimizer step's update()
+                found_inf = torch.zeros(())
+            loop.grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), setup.args["max_grad_norm"])
         optimizer.step()
+        del found_inf
     model.zero_grad()
     marks.mark("end")
 

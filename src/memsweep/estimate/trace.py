@@ -23,6 +23,7 @@ from . import adjust, capture, fake, op_record, products, scratch, sharded, zero
 from .op_record import CountedOp, OpCost
 from .products import CountedProduct
 from .step import (
+    TrainerLoop,
     build_optimizer,
     fake_batch,
     flat_partition_ops,
@@ -63,8 +64,9 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
     spec = optimizer_spec(setup, model)
     with fake_job(job, setup, profile, model) as model:
         optimizer = None if adjustment and adjustment.flat_numel else build_optimizer(setup, model, profile, spec)
+        loop = TrainerLoop()  # what Trainer keeps from the warm-up step (its first) into the measured one
         flops, ops, sequence, products, recomputed = warm_up(job, setup, model, optimizer,
-                                                             on_cpu=profile.device == "cpu")
+                                                             on_cpu=profile.device == "cpu", loop=loop)
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
         inner = inner_optimizer(optimizer) if optimizer else None
@@ -83,7 +85,7 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
         with tracker, recorder, walked:
             batches = early or measured_batches(job, setup, model)
             training_step(model, optimizer, batches, setup, marks=zero.ReshardAfterBackward(recorder, held),
-                          forward_contexts=forward)
+                          forward_contexts=forward, loop=loop)
         recorder.events, paged_bytes = capture.off_allocator(recorder.events, recorder.categories)
         traced = Trace(
             **without_paged(ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0), paged_bytes),
@@ -155,7 +157,7 @@ def for_gpu(traced: Trace, profile: HardwareConf) -> Trace:
     return dataclasses.replace(traced, allocator=traced.readings[(gpu, workspace)], gpu=gpu, workspace=workspace)
 
 
-def warm_up(job: Config, setup, model, optimizer, on_cpu: bool = False,
+def warm_up(job: Config, setup, model, optimizer, on_cpu: bool = False, loop: TrainerLoop | None = None,
             ) -> tuple[int, list[CountedOp], list[OpCost], list[CountedProduct], int]:
     """The real ledger's step 1: one micro-batch and an optimizer step, which leaves the optimizer state
     behind. Its ops are recorded here (op_record.py): one micro-batch's forward and backward (and how many of the
@@ -165,7 +167,7 @@ def warm_up(job: Config, setup, model, optimizer, on_cpu: bool = False,
     (FlopCounterMode keeps checkpointing's recomputed activations: a false peak)."""
     batch = fake_batch(model, setup.micro_batch_size, job.max_seq_len, setup.task)
     with op_record.recording(on_cpu) as ops:
-        training_step(model, optimizer, [batch], setup, marks=ops)
+        training_step(model, optimizer, [batch], setup, marks=ops, loop=loop)
     record = op_record.reading(ops)
     return op_record.micro_batch_flops(record), record, ops.sequence, products.reading(ops), ops.recomputed
 
