@@ -60,12 +60,17 @@ def figures(a: dict) -> dict[str, float | None]:
             "rows predicted under": a["memory_under"], "rows": a["rows"], "seconds": a["seconds"]}
 
 
+def as_share(name: str) -> bool:
+    """Whether a figure is a fraction, shown as a percentage (its target too)."""
+    return "error" in name or name == "regret"
+
+
 def verdict(name: str, value: float | None) -> str:
     if name not in TARGETS or value is None:
         return ""
     how, bound = TARGETS[name]
     ok = value >= bound if how == "at least" else value <= bound
-    return f"  target {how} {bound:g}: {'met' if ok else 'NOT met'}"
+    return f"  target {how} {f'{bound:.0%}' if as_share(name) else f'{bound:g}'}: {'met' if ok else 'NOT met'}"
 
 
 def main() -> None:
@@ -84,8 +89,7 @@ def main() -> None:
     for name in repeats[0]:
         values = [r[name] for r in repeats if r[name] is not None]
         median = statistics.median(values) if values else None
-        as_share = "error" in name or name == "regret"
-        shown = "n/a" if median is None else f"{median:+.1%}" if as_share else f"{median:.3g}"
+        shown = "n/a" if median is None else f"{median:+.1%}" if as_share(name) else f"{median:.3g}"
         print(f"  {name}: {shown}{verdict(name, median)}")
 
 
