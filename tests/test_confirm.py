@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from conftest import compose_config, job_of, run_job
 from memsweep.app import confirm
-from memsweep.planner import command, confirmed, search
+from memsweep.errors import ConfigError
+from memsweep.planner import command, confirmed, search, space
 from memsweep.planner.depth import Figures
 from memsweep.planner.space import Combination
 from surfaces import assert_refused, refusal, train_py
@@ -62,6 +63,15 @@ def test_the_agreement_ranks_the_measured_rows_and_counts_the_rows_predicted_und
 def test_plan_run_needs_a_profile_of_this_machine(tmp_path, capsys, no_work):
     assert_refused(refusal(lambda: train_py(["mode=plan", "plan.hardware=[t4]", "plan.run=1"], tmp_path), capsys),
                    "plan.run", "is this machine (cpu)")
+
+
+def test_plan_hardware_auto_is_this_machines_profile(monkeypatch):
+    job, _ = job_of(["model=tiny", "mode=plan", "plan.hardware=[auto,t4,cpu]", "plan.run=1"])
+    assert space.profiles(job) == ["cpu", "t4"]  # auto read as the CPU here, named once
+    space.check_plan_keys(job)  # plan.run has this machine's profile: no refusal
+    monkeypatch.setattr(space, "this_machine", lambda: "a CUDA card without a profile")
+    with pytest.raises(ConfigError, match="plan.hardware.*auto is this machine's a CUDA card without a profile"):
+        space.profiles(job)
 
 
 @pytest.mark.slow

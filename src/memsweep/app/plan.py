@@ -4,7 +4,7 @@ import time
 from pathlib import Path
 
 from ..config.schema import Config
-from ..planner import command, confirmed, search, table
+from ..planner import command, confirmed, search, space, table
 from ..planner.search import PlanRow
 from ..run import task
 from . import confirm
@@ -18,13 +18,13 @@ def run_plan(job: Config, job_dir: Path) -> dict:
     batch = (f"batch {job.batch_size} images" if task.images(job.task)  # max_seq_len does not apply to images
              else f"batch {job.batch_size} x {job.max_seq_len} tokens")
     title = (f"Plan: {job.model.name}, {job.task.name.value}, {batch} per optimizer step, "
-             f"on {', '.join(job.plan.hardware)}")
+             f"on {', '.join(space.profiles(job))}")
     base = command.base_overrides(confirm.hydra_overrides().task)
     written = table.Written({(r.gpu, r.rank): command.command(r, job, base) for r in rows if r.rank is not None})
     print(table.write(rows, job_dir, job.plan.top, title, written), flush=True)
     seconds = round(time.perf_counter() - started, 1)
     print(f"[memsweep] plan: {len(rows)} rows in {seconds} s; {job_dir / 'plan.md'}", flush=True)
-    best = {gpu: next((r for r in rows if r.gpu == gpu and r.rank == 1), None) for gpu in job.plan.hardware}
+    best = {gpu: next((r for r in rows if r.gpu == gpu and r.rank == 1), None) for gpu in space.profiles(job)}
     out = {"seconds": seconds, "rows": len(rows), "fastest": {g: fastest(r) for g, r in best.items()}}
     if job.plan.run:
         out["run"] = run_rows(rows, job, job_dir, title, written)

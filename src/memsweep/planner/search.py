@@ -108,7 +108,7 @@ def search(job: Config, progress: Callable[[str], None] | None = None, memo: dic
 def unit_rows(job: Config, unit: list[tuple[int, Combination]], memo: dict,
               progress: Callable[[str], None]) -> list[PlanRow]:
     """The rows of a unit's combinations (each numbered in the space), micro-batches smallest first."""
-    profiles = [load_profile(name) for name in job.plan.hardware]
+    profiles = [load_profile(name) for name in space.profiles(job)]
     sizes, depths, rows = space.micro_batches(job), list(job.plan.depths) or None, []
     for n, combo in unit:
         started = time.perf_counter()

@@ -80,20 +80,34 @@ def check_plan_keys(job: Config) -> None:
     plan = job.plan
     for key, group in (("hardware", "hardware"), *((g, g) for g in GROUPS), ("lora_optim", "optim"),
                        ("lora_offload", "offload")):
-        allowed = [o for o in options(group) if o != "auto"]
+        allowed = [o for o in options(group) if o != "auto" or group == "hardware"]
         for value in getattr(plan, key):
             if value not in allowed:
                 raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
-            if group == "hardware":
-                load_profile(value)  # each profile as a `hardware.*` key of the command line would be
-    if plan.run and not any(is_this_machine(h) for h in plan.hardware):
+    for name in profiles(job):
+        load_profile(name)  # each profile as a `hardware.*` key of the command line would be
+    if plan.run and not any(is_this_machine(h) for h in profiles(job)):
         raise ConfigError("plan.run", f"{plan.run} rows to run, but no profile of plan.hardware "
                                       f"([{','.join(plan.hardware)}]) is this machine ({this_machine()}); allowed: 0, "
-                                      "or plan.hardware naming cpu or the CUDA card here")
+                                      "or plan.hardware naming auto, cpu or the CUDA card here")
     for m in plan.micro_batches:
         if per_rank(job) % m:
             raise ConfigError("plan.micro_batches", f"{m} does not divide each process's batch, batch_size / "
                                                     f"processes = {per_rank(job)}")
+
+
+def profiles(job: Config) -> list[str]:
+    """The plan's GPU profiles by option name, `auto` read as this machine's (the CPU's, or the card's here);
+    a card without a profile is refused, naming it, as the planner needs a profile's rates."""
+    names = []
+    for name in job.plan.hardware:
+        here = this_machine() if name == "auto" else name
+        if here not in options("hardware"):
+            raise ConfigError("plan.hardware", f"auto is this machine's {here}; allowed: the profiles "
+                                               f"{', '.join(o for o in options('hardware') if o != 'auto')}")
+        if here not in names:
+            names.append(here)
+    return names
 
 
 def per_rank(job: Config) -> int:
