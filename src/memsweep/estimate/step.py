@@ -211,6 +211,11 @@ class TrainerLoop:
             self.tokens = count if self.tokens is None else self.tokens + count
 
 
+def scales_loss(setup) -> bool:
+    """Whether a GradScaler scales the loss (fp16 mixed precision)."""
+    return bool(setup.grad_scaler or setup.args.get("fp16"))
+
+
 def backward(loss, setup) -> None:
     """Accelerator.backward as Trainer.training_step calls it (accelerate/accelerator.py): outside DeepSpeed it
     divides the loss by its own accumulation steps, which Trainer sets to 1 (it divides the loss itself): a new
@@ -218,7 +223,7 @@ def backward(loss, setup) -> None:
     `scaler.scale(loss)`, a third."""
     if not setup.techniques.deepspeed.on:
         loss = loss / 1
-    if setup.grad_scaler or setup.args.get("fp16"):
+    if scales_loss(setup):
         (loss * 65536.0).backward()  # GradScaler.scale: the loss times the scale
     else:
         loss.backward()
@@ -250,7 +255,7 @@ def training_step(model, optimizer, batches, setup, marks=NO_MARKS, forward_cont
     if optimizer is not None:
         found_inf = None
         if setup.args.get("max_grad_norm", 0) > 0:
-            if setup.grad_scaler or setup.args.get("fp16"):
+            if scales_loss(setup):
                 # GradScaler.unscale_ (torch/amp/grad_scaler.py), which clipping calls first (MemsweepTrainer's
                 # _clip_grad_norm, Accelerate's clip_grad_norm_): its copy of found_inf on the device is kept in
                 # the scaler's per-optimizer state until the optimizer step's update()

@@ -19,7 +19,7 @@ from ..config.schema import Config, HardwareConf
 from ..measure.ledger import LedgerTracker, eager, ledger_reading
 from ..measure.optimizer_state import inner_optimizer
 from ..techniques import optim
-from . import adjust, capture, fake, op_record, products, scratch, sharded, zero
+from . import adjust, capture, fake, op_record, paged, products, scratch, sharded, zero
 from .op_record import CountedOp, OpCost
 from .products import CountedProduct
 from .step import (
@@ -70,9 +70,9 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
         # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
         # as a check of their own (read as the ledger reads a step, they give its peak)
         inner = inner_optimizer(optimizer) if optimizer else None
-        paged = profile.device == "cuda" and getattr(inner, "is_paged", False)  # bitsandbytes' unified memory
+        pages_state = profile.device == "cuda" and getattr(inner, "is_paged", False)  # bitsandbytes' unified memory
         recorder = capture.Recorder(capture.alive_at_step(model, inner, workspace=workspace_bytes(profile),
-                                                          paged=paged))
+                                                          paged=pages_state))
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, *([optimizer] if optimizer else []))
         forward = [lambda: fake.save_on_host(recorder)] if adjustment and adjustment.save_on_host else None
@@ -86,7 +86,7 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
             batches = early or measured_batches(job, setup, model)
             training_step(model, optimizer, batches, setup, marks=zero.ReshardAfterBackward(recorder, held),
                           forward_contexts=forward, loop=loop)
-        recorder.events, paged_bytes = capture.off_allocator(recorder.events, recorder.categories)
+        recorder.events, paged_bytes = paged.off_allocator(recorder.events, recorder.categories)
         traced = Trace(
             **without_paged(ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0), paged_bytes),
             paged_state_bytes=paged_bytes,

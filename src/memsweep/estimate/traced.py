@@ -53,7 +53,7 @@ class Trace:
     paged_in_bytes: PagedIn = field(default_factory=PagedIn)  # per phase (capture.paged_in)
     optimizer: str  # the optimizer's class name
     recorded_peak_bytes: int  # the recorded events read as the ledger reads a step (a check)
-    # bitsandbytes' paged optimizer state on a GPU (capture.off_allocator): outside the ledger, the events and
+    # bitsandbytes' paged optimizer state on a GPU (paged.off_allocator): outside the ledger, the events and
     # the allocator's counters; on the device beside them (core.device_counters adds it to device used)
     paged_state_bytes: int = 0
     # an adjusted trace's (adjust.py): what the adjustment stands for, and its arithmetic's readings

@@ -84,9 +84,10 @@ def check_plan_keys(job: Config) -> None:
         for value in getattr(plan, key):
             if value not in allowed:
                 raise ConfigError(f"plan.{key}", f"unknown option {value!r}; allowed: {', '.join(allowed)}")
-    for name in profiles(job):
+    named = profiles(job)
+    for name in named:
         load_profile(name)  # each profile as a `hardware.*` key of the command line would be
-    if plan.run and not any(is_this_machine(h) for h in profiles(job)):
+    if plan.run and not any(is_this_machine(h) for h in named):
         raise ConfigError("plan.run", f"{plan.run} rows to run, but no profile of plan.hardware "
                                       f"([{','.join(plan.hardware)}]) is this machine ({this_machine()}); allowed: 0, "
                                       "or plan.hardware naming auto, cpu or the CUDA card here")
