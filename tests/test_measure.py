@@ -10,7 +10,7 @@ from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed._tools.mod_tracker import ModTracker
 
 from memsweep.measure.ledger import CATEGORIES, LedgerTracker, _NoHook
-from memsweep.measure.optimizer_state import optimizer_state_bytes
+from memsweep.measure.optimizer_state import optimizer_state_bytes, paged_state_bytes
 
 BATCH, IN, HIDDEN, OUT = 8, 16, 32, 4
 F32 = 4  # bytes per float32 value
@@ -110,6 +110,17 @@ def test_one_step_is_counted_to_the_byte():
     assert tracker.category_max["Optstate"] >= ADAMW_STATE
     # the per-category maxima bound the peak's parts
     assert all(tracker.category_max.get(k, 0) >= v for k, v in peak.items())
+
+
+def test_paged_optimizer_state_is_counted_apart():
+    # bitsandbytes' paged optimizers make large state buffers with F.get_paged, which marks them `is_paged`:
+    # unified memory outside PyTorch's allocator, so out of the device's optimizer bytes (as in the estimate)
+    model, optimizer = small_model()
+    warm_up(model, optimizer)
+    weight = model[2].weight
+    optimizer.state[weight]["exp_avg"].is_paged = True
+    assert paged_state_bytes(optimizer) == F32 * HIDDEN * OUT
+    assert optimizer_state_bytes(optimizer) == ADAMW_STATE - F32 * HIDDEN * OUT
 
 
 def test_accumulated_micro_batches_are_one_tracked_step():

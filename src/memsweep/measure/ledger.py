@@ -22,6 +22,7 @@ from .optimizer_state import (
     optimizer_kernel,
     optimizer_state_bytes,
     own_weights,
+    paged_state_bytes,
     peak_learning_rate,
 )
 
@@ -305,6 +306,7 @@ def effective(model, trainer, ledger: Ledger | None) -> dict[str, Any]:
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "optimizer_kernel": optimizer_kernel(optimizer) if optimizer is not None else None,
         "optimizer_state_bytes": optimizer_state_bytes(optimizer) if optimizer is not None else None,
+        "paged_state_bytes": paged_state_bytes(optimizer) if optimizer is not None else None,
         "learning_rate": peak_learning_rate(optimizer) if optimizer is not None else None,
         "max_grad_norm": trainer.args.max_grad_norm,
         "trainable_params": trainable,

@@ -60,17 +60,34 @@ def plain_tensors(value) -> list:
     return [value]
 
 
-def optimizer_state_bytes(optimizer) -> int:
-    """The bytes of optimizer state on the job's device, each storage once."""
+def state_tensors(optimizer) -> list:
+    """The plain tensors of the optimizer's state on the job's device, each storage once."""
     inner = on_device(optimizer)
-    seen, total = set(), 0
+    seen, found = set(), []
     for state in (inner.state.values() if inner is not None else ()):
         for value in state.values():
             for t in plain_tensors(value):  # FSDP2's DTensor: this process's shard
                 if t.untyped_storage().data_ptr() not in seen:
                     seen.add(t.untyped_storage().data_ptr())
-                    total += t.untyped_storage().nbytes()
-    return total
+                    found.append(t)
+    return found
+
+
+def paged(t) -> bool:
+    """Whether bitsandbytes made this state tensor in unified memory (F.get_paged marks it `is_paged`): on
+    the GPU, but outside PyTorch's caching allocator, so in none of its counters."""
+    return getattr(t, "is_paged", False)
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """The bytes of optimizer state on the job's device that PyTorch's allocator holds, each storage once
+    (bitsandbytes' paged state is in `paged_state_bytes`, as in the estimate)."""
+    return sum(t.untyped_storage().nbytes() for t in state_tensors(optimizer) if not paged(t))
+
+
+def paged_state_bytes(optimizer) -> int:
+    """The bytes of bitsandbytes' paged optimizer state: on the GPU, outside the allocator's counters."""
+    return sum(t.untyped_storage().nbytes() for t in state_tensors(optimizer) if paged(t))
 
 
 def peak_learning_rate(optimizer) -> float | None:
