@@ -95,6 +95,10 @@ class Recorder(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.early[t.untyped_storage()] = True
 
+    def viewed(self, t) -> bool:
+        """Whether an op has returned a view of `t`, made before the step: MemTracker counts it from then."""
+        return t.untyped_storage() in self.early and t.untyped_storage() in self.seen
+
     def see(self, t, category=None) -> None:
         # a wrapper subclass (FSDP's DTensor) holds no memory of its own: its inner tensors do, and
         # they are seen when its own dispatch runs the op on them

@@ -109,7 +109,7 @@ def padded_steps(lengths: list[int], micro_batch: int, accumulation: int, multip
     """The optimizer steps of one epoch as the job's sampler reads them (run/lengths.typical_padded_length's
     order), each micro-batch padded to its longest example (rounded up to `multiple`). Of each step: its first
     micro-batch and the longest of the others (the trace records two micro-batches; its second stands for
-    the rest: trace.measured_batches)."""
+    the rest: step.RUN_MICRO_BATCHES)."""
     from ..run.lengths import padded_micro_batches
 
     padded = padded_micro_batches(lengths, micro_batch, accumulation, multiple, grouped, seed)

@@ -25,8 +25,14 @@ class NoMarks:
     def tag_grads(self, model) -> None:
         pass
 
+    def viewed(self, t) -> bool:
+        return False
+
 
 NO_MARKS = NoMarks()
+# The micro-batches a step's trace runs: those after the second repeat the second exactly (all gradients alive,
+# the same activations), so two stand for any number (view_later_inputs adds what each later one keeps).
+RUN_MICRO_BATCHES = 2
 
 
 def trainer_arguments(setup, keys: tuple[str, ...]):
@@ -229,6 +235,18 @@ def backward(loss, setup) -> None:
         loss.backward()
 
 
+def view_later_inputs(first: dict, later: list[dict], marks) -> None:
+    """What each micro-batch after the traced two keeps: its forward takes views of some of its inputs (a
+    classifier's loss reads `labels.view(-1)`), and the ledger counts a view's storage from then on, which
+    Trainer's `batch_samples` keeps alive to the step's end (every micro-batch of a step is fetched before the
+    first; a CPU job's batch is the model's input). Taken before the traced second micro-batch, which stands
+    for the last: a view of each later input whose counterpart in the first micro-batch was viewed."""
+    for batch in later:
+        for key, t in batch.items():
+            if marks.viewed(first[key]):
+                t.view_as(t)
+
+
 def training_step(model, optimizer, batches, setup, marks=NO_MARKS, forward_contexts=None,
                   loop: TrainerLoop | None = None) -> None:
     """What MemsweepTrainer does between on_step_begin and on_step_end for one optimizer step (its own
@@ -237,9 +255,12 @@ def training_step(model, optimizer, batches, setup, marks=NO_MARKS, forward_cont
     `loop` is what Trainer's loop keeps from the step before (a new one: none)."""
     dtype, accumulation = setup.autocast_dtype, setup.accumulation_steps
     loop = loop or TrainerLoop()
-    for n, batch in enumerate(batches):
-        with sharded.no_sync(model, sync=n == len(batches) - 1):
+    run = batches[:RUN_MICRO_BATCHES]
+    for n, batch in enumerate(run):
+        with sharded.no_sync(model, sync=n == len(run) - 1):
             marks.mark("forward")
+            if n == len(run) - 1:  # the micro-batch that stands for the step's last
+                view_later_inputs(run[0], batches[len(run):], marks)
             with contextlib.ExitStack() as stack:
                 if dtype is not None:
                     stack.enter_context(torch.autocast("cpu", dtype=dtype))

@@ -23,6 +23,7 @@ from . import adjust, capture, fake, op_record, paged, products, scratch, sharde
 from .op_record import CountedOp, OpCost
 from .products import CountedProduct
 from .step import (
+    RUN_MICRO_BATCHES,
     TrainerLoop,
     build_optimizer,
     fake_batch,
@@ -78,14 +79,16 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
         forward = [lambda: fake.save_on_host(recorder)] if adjustment and adjustment.save_on_host else None
         # On a CPU the collated batch is the tensor the model reads, made before the step begins (outside
         # the real ledger); a GPU job copies it to the device inside the step.
-        early = measured_batches(job, setup, model) if profile.device != "cuda" else None
+        # (every micro-batch of the step: Trainer fetches them all before the first, view_later_inputs)
+        early = measured_batches(job, setup, model, setup.accumulation_steps) if profile.device != "cuda" else None
         recorder.outside(early or [])
         walked = zero.hooks(model, recorder) if adjustment and adjustment.zero else contextlib.nullcontext()
         held = zero.held_until_step(model) if adjustment and adjustment.module_units else []
         with tracker, recorder, walked:
-            batches = early or measured_batches(job, setup, model)
+            batches = early or measured_batches(job, setup, model, min(setup.accumulation_steps, RUN_MICRO_BATCHES))
             training_step(model, optimizer, batches, setup, marks=zero.ReshardAfterBackward(recorder, held),
                           forward_contexts=forward, loop=loop)
+        ran = min(len(batches), RUN_MICRO_BATCHES)
         recorder.events, paged_bytes = paged.off_allocator(recorder.events, recorder.categories)
         traced = Trace(
             **without_paged(ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0), paged_bytes),
@@ -93,7 +96,7 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
             flops_per_step=flops * setup.accumulation_steps, roofline_ops=ops, roofline_sequence=sequence,
             roofline_products=products, recomputed_ops=recomputed,
             modules=sum(1 for _ in model.modules()),  # what Trainer walks each micro-batch
-            paged_in_bytes=capture.paged_in(recorder.events, len(batches)),
+            paged_in_bytes=capture.paged_in(recorder.events, ran),
             optimizer=type(optimizer).__name__ if optimizer else spec.cls.__name__,
             recorded_peak_bytes=capture.tensor_reading(recorder.events, recorder.categories).peak_bytes)
     if adjustment is not None:
@@ -103,7 +106,7 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
         if adjustment.save_on_host:  # what save_on_cpu copies to the host per micro-batch, and back in backward
             traced.offloaded_bytes_per_micro_batch = sum(
                 e.nbytes for e in recorder.events if e.kind == "alloc" and recorder.categories.get(e.key) == "host"
-            ) // len(batches)
+            ) // ran
     elif profile.device == "cuda":
         # kept for the planner, which derives other micro-batches from them (planner/batch.py), and to read
         # the step on another GPU (for_gpu)
@@ -172,11 +175,9 @@ def warm_up(job: Config, setup, model, optimizer, on_cpu: bool = False, loop: Tr
     return op_record.micro_batch_flops(record), record, ops.sequence, products.reading(ops), ops.recomputed
 
 
-def measured_batches(job: Config, setup, model) -> list:
-    """The measured step's micro-batches. Those after the second repeat the second one exactly (all
-    gradients alive, the same activations), so two stand for any number."""
-    return [fake_batch(model, setup.micro_batch_size, job.max_seq_len, setup.task)
-            for _ in range(min(setup.accumulation_steps, 2))]
+def measured_batches(job: Config, setup, model, count: int) -> list:
+    """`count` micro-batches of the measured step (training_step runs the first RUN_MICRO_BATCHES)."""
+    return [fake_batch(model, setup.micro_batch_size, job.max_seq_len, setup.task) for _ in range(count)]
 
 
 def flat_step_ops(traced: Trace, adjustment: adjust.Adjustment, spec, profile: HardwareConf, model) -> Trace:

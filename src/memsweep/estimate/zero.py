@@ -255,6 +255,9 @@ class ReshardAfterBackward:
     def mark(self, name: str) -> None:
         self.marks.mark(name)
 
+    def viewed(self, t) -> bool:
+        return self.marks.viewed(t)
+
     def tag_grads(self, model) -> None:
         for unit in self.units:
             unit.reshard()
