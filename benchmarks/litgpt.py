@@ -6,6 +6,12 @@ finetune/lora.py, lit_gpt/model.py, lit_gpt/lora.py, lit_gpt/rmsnorm.py, lit_gpt
   chunks, without transformers' upcast to fp32. (Its loop's `logits` also keeps a micro-batch's graph until the
   next forward returns; the peak these tables print is their first micro-batch's, which lit-gpt fills with the
   longest sample, with no earlier graph alive, so that is not modelled.)
+- Lightning Fabric's true-precision plugins (`HalfPrecision` for `--precision bf16-true`, `BitsandbytesPrecision`
+  for `--quantize bnb.*`, `FSDPPrecision`: lightning/fabric/plugins/precision, `convert_output`) hand the module's
+  floating outputs back in the default dtype, float32: lit-gpt's loop binds those float32 logits (`logits =
+  model(input_ids, lm_head_chunk_size=128)`, finetune/lora.py), keeps them until the next forward returns, and its
+  loss reads them, so its log-softmax keeps a float32 result too. Two float32 copies of the logits where the bf16
+  model keeps two bf16 ones: four bytes a token and vocabulary entry more.
 - Its attention reads views of one fused qkv output (`CausalSelfAttention.forward`: `qkv.view(...).permute(...)`,
   split, reshape; only q and k are roped into new tensors) and has no KV cache in training (the cache is set up for
   generation only), so SDPA's saved value keeps the whole fused output alive until the layer's backward.
@@ -31,6 +37,8 @@ from collections.abc import Iterator
 from patching import patched
 
 LOSS = "lit-gpt's chunked cross-entropy on bf16 logits (lit_gpt/utils.py chunked_cross_entropy)"
+FABRIC_OUTPUTS = ("Lightning Fabric's true precision: the logits handed back in float32 (convert_output), held by "
+                  "lit-gpt's loop until the next forward returns")
 ATTENTION = ("lit-gpt's attention: no KV cache in training, its value a view of the fused qkv output "
              "(lit_gpt/model.py); LoRA's q and v update padded by index_copy, which keeps it "
              "(lit_gpt/lora.py zero_pad)")
@@ -39,12 +47,18 @@ FUSED_QKV = "query_key_value"  # transformers' name for a fused qkv projection (
 
 
 @contextlib.contextmanager
-def loss(chunk: int = 128) -> Iterator[None]:
-    """transformers' causal-LM loss as lit-gpt's chunked_cross_entropy computes it (see the module)."""
+def loss(chunk: int = 128, fabric_outputs: bool = False) -> Iterator[None]:
+    """transformers' causal-LM loss as lit-gpt's chunked_cross_entropy computes it; with `fabric_outputs`, on the
+    float32 logits Fabric hands back, which lit-gpt's loop holds (see the module)."""
     import torch
     from transformers.loss.loss_utils import LOSS_MAPPING
 
+    held: list = []  # lit-gpt's `logits`, bound again when the next forward returns
+
     def chunked(logits, labels, vocab_size, ignore_index=-100, **kwargs):
+        if fabric_outputs:
+            logits = logits.float()
+            held[:] = [logits]
         pairs = zip(logits[..., :-1, :].split(chunk, dim=1), labels[..., 1:].split(chunk, dim=1))
         losses = [torch.nn.functional.cross_entropy(x.reshape(-1, vocab_size), y.reshape(-1),
                                                     ignore_index=ignore_index, reduction="none") for x, y in pairs]

@@ -45,8 +45,9 @@ mechanism with its source and what it applies to, and a table that states neithe
   which makes them fp32. On a GPU under autocast the 4.x scores stay 16-bit up to the softmax, which CUDA's
   autocast runs in fp32: from an fp16 input directly, from a bf16 one through an fp32 copy (ATen's SoftMax.cpp).
   A table stating a transformers 4.x release with DistilBERT is estimated with that attention.
-- lit-gpt's code where memsweep runs transformers' and peft's (its loss, its attention and LoRA padding, its
-  RMSNorm) is litgpt.py's, applied where a table states lit-gpt's commit or its loss.
+- lit-gpt's code where memsweep runs transformers' and peft's (its loss, on the float32 logits Fabric hands back
+  in 16-bit true precision, its attention and LoRA padding, its RMSNorm) is litgpt.py's, applied where a table
+  states lit-gpt's commit or its loss.
 """
 import contextlib
 import re
@@ -143,6 +144,7 @@ def adjustments(table: dict[str, Any], row: dict[str, Any] | None = None) -> lis
         [FP32_REDUCE] if "reduce_dtype fp32" in stated else []) + (
         [DISTILBERT_MASKED_FILL] if distilbert_4 else []) + (
         [litgpt.LOSS] if "chunked_cross_entropy" in stated else []) + (
+        [litgpt.FABRIC_OUTPUTS] if litgpt_code and "16-true" in stated else []) + (
         [litgpt.ATTENTION] if litgpt_code else []) + (
         [litgpt.RMSNORM] if litgpt_code and "llama" in str(given.get("model")).lower() else [])
 
@@ -162,7 +164,7 @@ def stepping_as(names: list[str]) -> Iterator[None]:
         if ZERO_GRAD_AFTER_FORWARD in names:
             stack.enter_context(zero_grad_before_backward())
         if litgpt.LOSS in names:
-            stack.enter_context(litgpt.loss())
+            stack.enter_context(litgpt.loss(fabric_outputs=litgpt.FABRIC_OUTPUTS in names))
         if litgpt.ATTENTION in names:
             stack.enter_context(litgpt.attention())
         if litgpt.RMSNORM in names:
