@@ -254,8 +254,8 @@ def test_lit_gpts_tables_are_estimated_with_its_loss_and_its_bitsandbytes_4_bit_
     import older_libraries as older
 
     table, rows = table_and_rows("litgpt_lora_alpaca_1xa100_40gb")
-    # bitsandbytes 0.41.1, torch 2.1.0, lit-gpt 8641822b's code; its RMSNorm for the Llama rows
-    assert older.adjustments(table) == [older.BNB_KEEPS_INPUT, litgpt.LOSS, litgpt.ATTENTION]
+    # bitsandbytes 0.41.1, torch 2.1.0, lit-gpt 8641822b's code under Fabric's bf16-true; its RMSNorm for the Llamas
+    assert older.adjustments(table) == [older.BNB_KEEPS_INPUT, litgpt.LOSS, litgpt.FABRIC_OUTPUTS, litgpt.ATTENTION]
     assert older.adjustments(table, rows["7 B Llama 2 7B / None / micro-batch 1"])[-1] == litgpt.RMSNORM
     assert older.adjustments({"common": {"software": "bitsandbytes 0.43.2"}}) == []
     # the chunked loss is the same mean cross-entropy over the shifted tokens (lit-gpt's mean also counts an
@@ -279,6 +279,9 @@ def test_lit_gpts_tables_are_estimated_with_its_loss_and_its_bitsandbytes_4_bit_
     now, loss = (ve.estimate(long, cache, names) for names in ((), (litgpt.LOSS,)))
     logits = 2 * 128 * 30522
     assert now["peak_allocated_bytes"] - loss["peak_allocated_bytes"] >= 4 * logits
+    # Fabric's float32 logits, held by lit-gpt's loop, and the float32 log-softmax read from them
+    fabric = ve.estimate(long, cache, (litgpt.LOSS, litgpt.FABRIC_OUTPUTS))
+    assert fabric["peak_allocated_bytes"] - loss["peak_allocated_bytes"] >= 4 * logits
 
 
 def table_and_rows(stem):
