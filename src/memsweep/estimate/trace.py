@@ -68,27 +68,21 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
         loop = TrainerLoop()  # what Trainer keeps from the warm-up step (its first) into the measured one
         flops, ops, sequence, products, recomputed = warm_up(job, setup, model, optimizer,
                                                              on_cpu=profile.device == "cpu", loop=loop)
-        # the step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and
-        # as a check of their own (read as the ledger reads a step, they give its peak)
-        inner = inner_optimizer(optimizer) if optimizer else None
-        pages_state = profile.device == "cuda" and getattr(inner, "is_paged", False)  # bitsandbytes' unified memory
-        recorder = capture.Recorder(capture.alive_at_step(model, inner, workspace=workspace_bytes(profile),
-                                                          paged=pages_state))
+        recorder = step_recorder(model, optimizer, profile)
         tracker = LedgerTracker(root=model)
         tracker.track_external(model, *([optimizer] if optimizer else []))
         forward = [lambda: fake.save_on_host(recorder)] if adjustment and adjustment.save_on_host else None
-        # On a CPU the collated batch is the tensor the model reads, made before the step begins (outside
-        # the real ledger); a GPU job copies it to the device inside the step.
-        # (every micro-batch of the step: Trainer fetches them all before the first, view_later_inputs)
+        # On a CPU the collated batches are the tensors the model reads, every micro-batch's made before the step
+        # begins (outside the real ledger; view_later_inputs); a GPU job copies each to the device inside the step.
+        ran = min(setup.accumulation_steps, RUN_MICRO_BATCHES)
         early = measured_batches(job, setup, model, setup.accumulation_steps) if profile.device != "cuda" else None
         recorder.outside(early or [])
         walked = zero.hooks(model, recorder) if adjustment and adjustment.zero else contextlib.nullcontext()
         held = zero.held_until_step(model) if adjustment and adjustment.module_units else []
         with tracker, recorder, walked:
-            batches = early or measured_batches(job, setup, model, min(setup.accumulation_steps, RUN_MICRO_BATCHES))
+            batches = early or measured_batches(job, setup, model, ran)
             training_step(model, optimizer, batches, setup, marks=zero.ReshardAfterBackward(recorder, held),
                           forward_contexts=forward, loop=loop)
-        ran = min(len(batches), RUN_MICRO_BATCHES)
         recorder.events, paged_bytes = paged.off_allocator(recorder.events, recorder.categories)
         traced = Trace(
             **without_paged(ledger_reading(tracker, state_bytes(optimizer) if optimizer else 0), paged_bytes),
@@ -115,6 +109,16 @@ def trace(job: Config, profile: HardwareConf, setup, model, adjustment: adjust.A
         traced = for_gpu(traced, profile)
     traced.seconds = round(time.perf_counter() - started, 2)
     return traced
+
+
+def step_recorder(model, optimizer, profile: HardwareConf) -> capture.Recorder:
+    """The step's allocations and frees, beside the ledger: for the allocator model, an adjustment, and as a
+    check of their own (read as the ledger reads a step, they give its peak). On a GPU a paged bitsandbytes
+    optimizer keeps its state in unified memory (paged.py)."""
+    inner = inner_optimizer(optimizer) if optimizer else None
+    pages_state = profile.device == "cuda" and getattr(inner, "is_paged", False)
+    return capture.Recorder(capture.alive_at_step(model, inner, workspace=workspace_bytes(profile),
+                                                  paged=pages_state))
 
 
 def without_paged(reading, paged_bytes: int) -> dict:
